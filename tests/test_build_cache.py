@@ -1,0 +1,124 @@
+"""Build, cache and load: fresh processes reuse libraries, corrupt ones are rebuilt, CUDA compiles."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tvm_ops
+from tvm_ops import build, runner, targets
+from tvm_ops.ops import OPERATORS, get
+
+from .conftest import gpu_skip_reason
+
+OP = get("three_interpolate_backward")
+
+# One call in a fresh process; prints how many libraries it had to compile.
+CHILD = """
+import numpy as np, tvm_ops
+from tvm_ops import build
+rng = np.random.default_rng(0)
+go = rng.uniform(-1, 1, (2, 5, 9)).astype(np.float32)
+idx = rng.integers(0, 4, (2, 9, 3)).astype(np.int32)
+w = rng.uniform(0, 1, (2, 9, 3)).astype(np.float32)
+out = tvm_ops.three_interpolate_backward(go, idx, w, 4)
+ref = np.zeros((2, 5, 4))
+for b in range(2):
+    for n in range(9):
+        for k in range(3):
+            ref[b, :, idx[b, n, k]] += go[b, :, n].astype(np.float64) * w[b, n, k]
+assert np.allclose(out, ref, rtol=1e-5, atol=1e-6), "wrong result"
+print(build.build_count)
+"""
+
+
+def child(cache: Path, extra_env=None) -> int:
+    env = dict(os.environ, TVM_OPS_CACHE_DIR=str(cache), **(extra_env or {}))
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def entries(cache: Path):
+    return sorted(p for p in cache.iterdir() if p.name.startswith("three_interpolate_backward-float32-llvm"))
+
+
+def test_cache_round_trip_in_fresh_processes(tmp_path):
+    assert child(tmp_path) == 1  # first process builds
+    assert child(tmp_path) == 0  # the next one loads from disk
+    (entry,) = entries(tmp_path)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["op"] == "three_interpolate_backward" and manifest["dtype"] == "float32"
+    assert manifest["tvm_version"] and len(manifest["content_hash"]) == 16
+    assert manifest["origin"] == "hand-tuned" and manifest["knobs"]
+    assert {"kernels.ll", "kernels.s"} <= {p.name for p in entry.iterdir()}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest"])
+def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
+    assert child(tmp_path) == 1
+    (entry,) = entries(tmp_path)
+    library = entry / "lib.so"
+    if damage == "truncate":
+        library.write_bytes(library.read_bytes()[:1000])
+    elif damage == "garbage":
+        library.write_bytes(b"\x7fELF" + os.urandom(5000))
+    else:
+        (entry / "manifest.json").unlink()
+    assert child(tmp_path) == 1  # detected, rebuilt, and the answer is right
+    assert child(tmp_path) == 0
+
+
+def test_build_dir_is_searched_before_the_cache(tmp_path):
+    model = targets.resolve("llvm")
+    entry = build.build_entry(build.default_variant(OP, "float32", model), tmp_path / "out")
+    assert entry.parent == tmp_path / "out"
+    assert child(tmp_path / "empty_cache", {"TVM_OPS_BUILD_DIR": str(tmp_path / "out")}) == 0
+
+
+def test_changing_a_knob_changes_the_content_hash():
+    model = targets.resolve("llvm")
+    base = build.default_variant(OP, "float32", model)
+    other = build.Variant(OP, "float32", model, dict(base.knobs, c_tile=32), "test")
+    hashes = [v.content_hash(v.scheduled_module()[0]) for v in (base, other)]
+    assert hashes[0] != hashes[1]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
+    op = get(name)
+    for dtype in op.spec.float_dtypes:
+        entry = build.build_entry(build.default_variant(op, dtype, targets.cuda(arch)), tmp_path)
+        source = (entry / "kernels.cu").read_text()
+        ptx = (entry / "kernels.ptx").read_text()
+        assert "__global__" in source
+        assert f".target {arch}" in ptx and ".entry" in ptx
+
+
+def test_cuda_target_without_gpu_is_an_arch_mismatch():
+    if gpu_skip_reason() is None:
+        pytest.skip("a GPU is visible here")
+    go = np.zeros((1, 2, 3), np.float32)
+    with pytest.raises(tvm_ops.BadParamError, match="cannot run on target 'cuda'"):
+        tvm_ops.three_interpolate_backward(go, np.zeros((1, 3, 3), np.int32), np.zeros((1, 3, 3), np.float32),
+                                           2, target="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_cuda_spec_cases_on_a_gpu(name):
+    reason = gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    op, model = get(name), targets.resolve("cuda")
+    for case in op.spec.cases:
+        for dtype in case.dtypes:
+            result = runner.run_case(op, case, dtype, model)
+            assert result.verdict == "pass", f"{case.name} {dtype}: {result.detail}"

@@ -1,0 +1,83 @@
+"""`python -m tvm_ops`: every command's --help and a short real run of each."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+COMMANDS = ["build", "test", "bench", "list"]
+
+
+def cli(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "tvm_ops", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help(command):
+    done = cli(command, "--help")
+    assert done.returncode == 0
+    assert "--op" in done.stdout or command == "list"
+
+
+def test_list_shows_ops_dtypes_targets_and_cases():
+    done = cli("list")
+    assert done.returncode == 0, done.stderr
+    assert "three_interpolate_backward: dtypes float32, float16; targets llvm, cuda" in done.stdout
+    assert "net_16x128x4096_m1024" in done.stdout and "hand-tuned knobs" in done.stdout
+
+
+def test_build_writes_library_source_and_manifest(tmp_path):
+    done = cli("build", "--op", "three_interpolate_backward", "--dtype", "float32", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (entry,) = list(tmp_path.iterdir())
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["target"].startswith("llvm-") and (entry / "lib.so").stat().st_size > 0
+    assert (entry / "kernels.s").read_text().count("vfmadd") > 0  # vectorised FMA for the host mcpu
+
+
+def test_test_command_reports_metrics_and_verdicts():
+    done = cli("test", "--op", "three_interpolate_backward", "--cases", "boundary", "--case", "bnd_7x63x129_m127")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [l for l in done.stdout.splitlines() if "bnd_7x63x129_m127" in l]
+    assert len(lines) == 2 and all(l.rstrip().endswith("pass") for l in lines)
+    assert "# all passed" in done.stdout
+
+
+def test_test_command_exits_non_zero_on_failure(tmp_path):
+    # a spec whose thresholds no float16 result can meet must make the command fail
+    import shutil
+
+    from tvm_ops.spec import SPEC_DIR
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = (SPEC_DIR / "three_interpolate_backward.yaml").read_text()
+    (specs / "three_interpolate_backward.yaml").write_text(
+        text.replace("float16: {diff1: 1.0e-3, diff2: 1.0e-3}", "float16: {diff1: 1.0e-12, diff2: 1.0e-12}"))
+    code = ("import sys, tvm_ops.spec as s, pathlib; s.SPEC_DIR = pathlib.Path(sys.argv[1]); "
+            "from tvm_ops.__main__ import main; sys.exit(main(sys.argv[2:]))")
+    done = subprocess.run([sys.executable, "-c", code, str(specs), "test", "--case", "bnd_7x63x129_m127"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "fail" in done.stdout and "# 2 failed" not in done.stdout and "# 1 failed" in done.stdout
+    shutil.rmtree(specs)
+
+
+def test_bench_prints_figures_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    done = cli("bench", "--op", "three_interpolate_backward", "--cases", "boundary",
+               "--case", "bnd_7x63x129_m127", "--repeat", "3", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "stream bandwidth" in done.stdout and "GB/s" in done.stdout
+    report = json.loads(out.read_text())
+    (line,) = report["cases"]
+    assert line["median_ms"] > 0 and 0 < line["io_efficiency"] and line["origin"] == "hand-tuned"
+    assert report["stream_bandwidth_gbps"] > 0
+
+
+def test_bad_arguments_exit_non_zero():
+    assert cli("test", "--op", "no_such_op").returncode == 2
+    assert cli("frobnicate").returncode == 2

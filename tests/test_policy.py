@@ -1,0 +1,63 @@
+"""The MLU-style policy is pure arithmetic: no TVM needed."""
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tvm_ops import policy
+from tvm_ops.targets import TargetModel
+
+
+def test_policy_imports_without_tvm():
+    code = "import sys, tvm_ops.policy, tvm_ops.targets; assert 'tvm' not in sys.modules, 'tvm was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_even_split_puts_the_remainder_on_the_first_cores():
+    assert policy.even_split(10, 4) == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert policy.even_split(2, 4) == [(0, 1), (1, 1), (2, 0), (2, 0)]
+    assert policy.even_split(0, 3) == [(0, 0), (0, 0), (0, 0)]
+
+
+@given(st.integers(0, 10_000), st.integers(1, 128))
+def test_even_split_covers_everything_once(total, cores):
+    plan = policy.even_split(total, cores)
+    assert len(plan) == cores
+    assert sum(count for _, count in plan) == total
+    assert all(start + count == nxt for (start, count), (nxt, _) in zip(plan, plan[1:]))
+    counts = [count for _, count in plan]
+    assert max(counts) - min(counts) <= 1
+    assert counts == sorted(counts, reverse=True)
+
+
+def test_even_split_rejects_no_cores():
+    with pytest.raises(ValueError):
+        policy.even_split(5, 0)
+
+
+def test_deal_num_sizes_tiles_from_the_budget():
+    # 512 KiB shared by 2 float32 buffers, aligned to 16 lanes
+    assert policy.deal_num(512 * 1024, 2, 4, 16) == 65536
+    assert policy.deal_num(1000, 1, 4, 16) == 240
+    assert policy.deal_num(10, 1, 4, 16) == 0
+
+
+def test_floor_align_and_ceil_div():
+    assert policy.floor_align(100, 32) == 96
+    assert policy.floor_align(31, 32) == 0
+    assert policy.ceil_div(100, 32) == 4
+    assert policy.ceil_div(96, 32) == 3
+    with pytest.raises(ValueError):
+        policy.floor_align(5, 0)
+
+
+def test_target_model_lanes_and_keys():
+    cpu = TargetModel("llvm", "znver4", "", 2, 1 << 20, 64)
+    gpu = TargetModel("cuda", "", "sm_90", 132, 48 * 1024, 128)
+    assert cpu.lanes("float32") == 16
+    assert cpu.key == "llvm-znver4-2c"
+    assert gpu.key == "cuda-sm_90"
+    assert gpu.lanes("float32") == 32

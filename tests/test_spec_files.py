@@ -1,0 +1,97 @@
+"""Specs and schedules load, and a malformed file fails with its name and key."""
+
+import textwrap
+
+import pytest
+
+from tvm_ops import schedule_file, spec
+from tvm_ops.ops import OPERATORS
+from tvm_ops.spec import SpecError
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_every_operator_has_a_valid_spec_and_schedule(name):
+    s = spec.load(name)
+    assert s.cases_in("network"), "network cases come from SPEC_NOTES"
+    sched = schedule_file.load(name)
+    assert set(sched) == {"llvm", "cuda"}
+    for target in sched.values():
+        assert target.defaults and all(target.defaults[k] in target.candidates[k] for k in target.defaults)
+
+
+GOOD = """
+op: demo_op
+inputs:
+  x: {dims: [B, N], dtypes: [float32]}
+outputs:
+  y: {dims: [B, N], dtype_of: x}
+zero_elements: {bad_param: [B], empty_success: [N]}
+accuracy: {float32: {diff1: 1.0e-5}}
+theory: {io_bytes: "B*N*itemsize*2"}
+cases:
+  - {name: small, set: network, shape: {B: 2, N: 3}}
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "demo_op.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_good_spec_parses(tmp_path):
+    s = spec.parse(write(tmp_path, GOOD))
+    assert s.theory({"B": 2, "N": 3}, 4) == (48, None)
+    assert s.case("small").shape == {"B": 2, "N": 3}
+
+
+@pytest.mark.parametrize("bad, key", [
+    (GOOD.replace("dtypes: [float32]", "dtypes: [float64]"), "inputs.x.dtypes"),
+    (GOOD.replace("  - {name: small, set: network, shape: {B: 2, N: 3}}",
+                  "  - {name: small, set: network, shape: {B: 2}}"), "cases[0].shape"),
+    (GOOD.replace("set: network", "set: nightly"), "cases[0].set"),
+    (GOOD.replace('io_bytes: "B*N*itemsize*2"', 'io_bytes: "B*Q"'), "theory.io_bytes"),
+    (GOOD.replace("op: demo_op", "op: other"), "op"),
+    (GOOD.replace("accuracy: {float32: {diff1: 1.0e-5}}", "accuracy: {float32: {diff9: 1}}"), "accuracy.float32.diff9"),
+    (GOOD.replace("dtype_of: x", "dtype_of: z"), "y.dtype_of"),
+    (GOOD.replace("theory:", "theory_typo:"), "theory"),
+    (GOOD.replace("outputs:", "params:\n  mode: {type: str}\noutputs:"), "params.mode.choices"),
+    (GOOD.replace("outputs:", "params:\n  mode: {type: float}\noutputs:"), "params.mode.type"),
+])
+def test_malformed_spec_names_file_and_key(tmp_path, bad, key):
+    with pytest.raises(SpecError) as info:
+        spec.parse(write(tmp_path, bad))
+    assert "demo_op.yaml" in str(info.value)
+    assert f"'{key}" in str(info.value)
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    with pytest.raises(SpecError, match="demo_op.yaml: not valid YAML"):
+        spec.parse(write(tmp_path, "op: [unclosed"))
+
+
+SCHEDULE = """
+op: demo_op
+llvm:
+  reduction: owner
+  knobs: {tile: {default: 16, candidates: [8, 16]}}
+cuda:
+  reduction: atomic
+  knobs: {threads: {default: 128, candidates: [128, 256]}}
+"""
+
+
+def test_schedule_file_parses_and_validates(tmp_path):
+    path = tmp_path / "demo_op.yaml"
+    path.write_text(SCHEDULE)
+    parsed = schedule_file.parse(path, "demo_op")
+    assert parsed["cuda"].reduction == "atomic" and parsed["llvm"].defaults == {"tile": 16}
+    path.write_text(SCHEDULE.replace("reduction: atomic", "reduction: magic"))
+    with pytest.raises(SpecError, match=r"demo_op.yaml: key 'cuda.reduction'"):
+        schedule_file.parse(path, "demo_op")
+    path.write_text(SCHEDULE.replace("default: 16, candidates: [8, 16]", "default: 32, candidates: [8, 16]"))
+    with pytest.raises(SpecError, match=r"key 'llvm.knobs.tile.candidates'"):
+        schedule_file.parse(path, "demo_op")
+    path.write_text(SCHEDULE.split("cuda:")[0])
+    with pytest.raises(SpecError, match=r"key 'cuda': missing"):
+        schedule_file.parse(path, "demo_op")

@@ -1,0 +1,151 @@
+"""`python -m tvm_ops <command>`: build, test, bench and list the operators."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+TARGET_HELP = "llvm (the host CPU, default), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX"
+
+
+def _ops(name: str):
+    from .ops import OPERATORS, get
+
+    return list(OPERATORS.values()) if name == "all" else [get(name)]
+
+
+def _dtypes(op, wanted: str) -> list[str]:
+    return list(op.spec.float_dtypes) if wanted == "all" else [wanted]
+
+
+def cmd_build(args) -> int:
+    from . import build, targets
+
+    model = targets.resolve(args.target)
+    out = Path(args.out) if args.out else build.cache_dir()
+    for op in _ops(args.op):
+        for dtype in _dtypes(op, args.dtype):
+            start = time.perf_counter()
+            entry = build.build_entry(build.default_variant(op, dtype, model), out)
+            manifest = build.manifest(entry)
+            print(f"{op.name:28s} {dtype:8s} {model.key:18s} {manifest['content_hash']}  "
+                  f"{time.perf_counter() - start:5.1f} s  {entry}")
+    if args.out:
+        print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")
+    return 0
+
+
+def cmd_test(args) -> int:
+    from . import runner, targets
+
+    model = targets.resolve(args.target)
+    failures = 0
+    print(f"{'op':28s} {'case':26s} {'dtype':8s} {'diff1':>9s} {'diff2':>9s} {'diff3':>9s} {'diff4':>6s}  verdict")
+    for op in _ops(args.op):
+        for case in op.spec.cases_in(args.cases):
+            if args.case and case.name != args.case:
+                continue
+            for dtype in case.dtypes if args.dtype == "all" else [args.dtype]:
+                r = runner.run_case(op, case, dtype, model)
+                failures += r.verdict == "fail"
+                a = r.accuracy
+                numbers = (f"{a.diff1:9.2e} {a.diff2:9.2e} {a.diff3:9.2e} {a.diff4:6.3f}" if a
+                           else f"{'-':>9s} {'-':>9s} {'-':>9s} {'-':>6s}")
+                detail = f"  ({r.detail})" if r.detail else ""
+                print(f"{op.name:28s} {case.name:26s} {dtype:8s} {numbers}  {r.verdict}{detail}")
+    print(f"# {failures} failed" if failures else "# all passed")
+    return 1 if failures else 0
+
+
+def cmd_bench(args) -> int:
+    from . import bench, targets
+
+    model = targets.resolve(args.target)
+    targets.require_runnable(model)
+    bandwidth = bench.stream_bandwidth(model)
+    peak = bench.peak_flops(model)
+    print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
+          + (f", peak {peak / 1e9:.0f} GFLOP/s (cores x clock x lanes x 4)" if peak else ""))
+    lines = []
+    for op in _ops(args.op):
+        for case in op.spec.cases_in(args.cases):
+            if case.expect != "ok" or (args.case and case.name != args.case):
+                continue
+            for dtype in case.dtypes if args.dtype == "all" else [args.dtype]:
+                line = bench.bench_case(op, case, dtype, model, bandwidth, args.repeat, not args.no_peer)
+                lines.append(line)
+                print(line.text(), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(bench.as_json(lines, bandwidth, model), indent=2))
+    return 0
+
+
+def cmd_list(args) -> int:
+    from .ops import OPERATORS
+
+    for op in OPERATORS.values():
+        print(f"{op.name}: dtypes {', '.join(op.spec.float_dtypes)}; targets llvm, cuda")
+        for kind, sched in op.schedules.items():
+            print(f"  schedule {kind}: reduction {sched.reduction}, hand-tuned knobs "
+                  + ", ".join(f"{k}={v}" for k, v in sched.defaults.items()))
+        for case in op.spec.cases:
+            shape = " ".join(f"{k}={v}" for k, v in case.shape.items())
+            expect = "" if case.expect == "ok" else f" -> {case.expect}"
+            print(f"  case {case.set:8s} {case.name:26s} {shape}{expect}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tvm_ops", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build kernel libraries (one per op and dtype) for a target")
+    b.add_argument("--target", default="llvm", help=TARGET_HELP)
+    b.add_argument("--op", default="all", help="operator name or 'all' (default)")
+    b.add_argument("--dtype", default="all", help="float32, float16 or 'all' (default)")
+    b.add_argument("--out", help="output directory (default: the on-disk cache that calls load from)")
+    b.set_defaults(func=cmd_build)
+
+    t = sub.add_parser("test", help="run spec cases against the float64 reference")
+    t.add_argument("--target", default="llvm", help=TARGET_HELP)
+    t.add_argument("--op", default="all", help="operator name or 'all' (default)")
+    t.add_argument("--dtype", default="all", help="float32, float16 or 'all' (default)")
+    t.add_argument("--cases", default="all", choices=["network", "boundary", "random", "all"])
+    t.add_argument("--case", help="only this case name")
+    t.set_defaults(func=cmd_test)
+
+    m = sub.add_parser("bench", help="time network cases; efficiency and the PyTorch peer ratio")
+    m.add_argument("--target", default="llvm", help=TARGET_HELP)
+    m.add_argument("--op", default="all", help="operator name or 'all' (default)")
+    m.add_argument("--dtype", default="float32", help="float32 (default), float16 or 'all'")
+    m.add_argument("--cases", default="network", choices=["network", "boundary", "random", "all"])
+    m.add_argument("--case", help="only this case name")
+    m.add_argument("--repeat", type=int, default=10, help="timed runs per case (median reported)")
+    m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
+    m.add_argument("--json", help="also write the results to this JSON file")
+    m.set_defaults(func=cmd_bench)
+
+    ls = sub.add_parser("list", help="operators, dtypes, targets, schedules and cases")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    from .errors import OpError
+
+    try:
+        return args.func(args)
+    except OpError as exc:
+        print(f"error [{exc.status}]: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Parameter checks driven by an operator's spec, in the mlu-ops order.
+
+missing tensors -> ranks -> contiguity -> dtypes -> shape relations (and the
+operator's own rules) -> large tensors -> zero-element rules. Each failure
+names the tensor, the expected and the actual value. Only metadata is read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import interop
+from .errors import BadParamError, NotSupportedError
+from .spec import OpSpec
+
+LARGE_TENSOR = 2**31
+
+
+@dataclass
+class Problem:
+    """A checked call: sizes of every symbol, the dtype, and what to run."""
+
+    op: str
+    dtype: str
+    sizes: dict
+    inputs: dict  # name -> TensorInfo
+    outs: dict  # name -> TensorInfo of caller buffers given with out=
+    params: dict
+    kind: str  # "numpy" or "torch": the kind of tensor returned
+    device: str
+    empty: bool = False  # a zero-element success: outputs are zeros, no kernel runs
+    notes: dict = field(default_factory=dict)  # values an operator's checks derive
+
+
+def _dims_text(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _int_param(op: str, name: str, value, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise BadParamError(f"{op}: {name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise BadParamError(f"{op}: {name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -> Problem:
+    """Validate one call; return the Problem or raise before any data is touched."""
+    op = spec.op
+    # 1. missing tensors (describe raises on None and on non-tensors)
+    infos = {t.name: interop.describe(t.name, inputs.get(t.name)) for t in spec.inputs}
+    given = {t.name: interop.describe(f"out[{t.name!r}]", outs[t.name])
+             for t in spec.outputs if outs.get(t.name) is not None}
+    everything = list(infos.values()) + list(given.values())
+    first = everything[0]
+    for info in everything[1:]:
+        if (info.kind, info.device) != (first.kind, first.device):
+            raise BadParamError(
+                f"{op}: {info.name} is a {info.kind} tensor on {info.device} but {first.name} is a "
+                f"{first.kind} tensor on {first.device}; pass all tensors of one kind and device")
+    # 2. ranks
+    for t in spec.inputs + spec.outputs:
+        info = infos.get(t.name) or given.get(t.name)
+        if info is not None and len(info.shape) != len(t.dims):
+            raise BadParamError(f"{op}: {info.name} must have rank {len(t.dims)} {_dims_text(t.dims)}, "
+                                f"got rank {len(info.shape)} with shape {list(info.shape)}")
+    # 3. contiguity: inputs are made contiguous later; an output buffer cannot be
+    for info in given.values():
+        if not info.contiguous:
+            raise NotSupportedError(f"{op}: {info.name} must be C-contiguous; strided outputs are not supported")
+    # 4. dtypes
+    dtypes = {}
+    for t in spec.inputs + spec.outputs:
+        info = infos.get(t.name) or given.get(t.name)
+        expected = t.dtypes if t.dtype_of is None else (dtypes.get(t.dtype_of),)
+        dtypes[t.name] = expected[0] if info is None else info.dtype
+        if info is not None and info.dtype not in expected:
+            rule = (f"the dtype of {t.dtype_of} ({expected[0]})" if t.dtype_of
+                    else f"dtype {' or '.join(expected)}")
+            raise BadParamError(f"{op}: {info.name} must have {rule}, got {info.dtype}")
+    # 5. shape relations: inputs bind symbols, then scalar parameters, then outputs
+    sizes, source = {}, {}
+
+    def bind(name: str, dims, shape):
+        for axis, (dim, actual) in enumerate(zip(dims, shape)):
+            if isinstance(dim, int):
+                if actual != dim:
+                    raise BadParamError(f"{op}: {name}.shape[{axis}] must be {dim}, got {actual}")
+            elif dim not in sizes:
+                sizes[dim], source[dim] = actual, f"{name}.shape[{axis}]"
+            elif sizes[dim] != actual:
+                raise BadParamError(f"{op}: {name}.shape[{axis}] ({dim}) must equal {source[dim]} = "
+                                    f"{sizes[dim]}, got {actual}")
+
+    for t in spec.inputs:
+        bind(t.name, t.dims, infos[t.name].shape)
+    checked_params = dict(params)
+    for p in spec.params:
+        value = params.get(p.name)
+        if value is None and p.symbol is not None and p.symbol in _output_symbols(spec, given):
+            continue  # given by the output buffer instead
+        if value is None:
+            if p.optional:
+                continue
+            raise BadParamError(f"{op}: {p.name} is required")
+        if p.type == "str":
+            if value not in p.choices:
+                raise BadParamError(f"{op}: {p.name} must be one of {', '.join(map(repr, p.choices))}, "
+                                    f"got {value!r}")
+            continue
+        checked_params[p.name] = _int_param(op, p.name, value, p.minimum)
+        if p.symbol is not None:
+            bind(p.name, (p.symbol,), (checked_params[p.name],))
+    for t in spec.outputs:
+        if t.name in given:
+            bind(given[t.name].name, t.dims, given[t.name].shape)
+    for t in spec.outputs:
+        unbound = [d for d in t.dims if isinstance(d, str) and d not in sizes]
+        if unbound:
+            raise BadParamError(f"{op}: cannot tell {', '.join(unbound)} of {t.name}: pass it or out=")
+    float_dtype = dtypes[spec.inputs[0].name]
+    problem = Problem(op, float_dtype, sizes, infos, given, checked_params, first.kind, first.device)
+    if op_rules is not None:
+        op_rules(problem)
+    # 6. large tensors
+    for t in spec.inputs + spec.outputs:
+        shape = [d if isinstance(d, int) else sizes[d] for d in t.dims]
+        count = math.prod(shape)
+        if count >= LARGE_TENSOR:
+            raise NotSupportedError(f"{op}: {t.name} has {count} elements (shape {shape}); tensors of "
+                                    f"2^31 elements or more are not supported")
+    # 7. zero-element rules
+    zeros = [s for s in spec.zero_bad_param if sizes[s] == 0]
+    if zeros:
+        got = ", ".join(f"{s}={sizes[s]}" for s in spec.zero_bad_param)
+        raise BadParamError(f"{op}: {', '.join(spec.zero_bad_param)} must be non-zero, got {got}")
+    problem.empty = any(sizes[s] == 0 for s in spec.zero_empty_success)
+    return problem
+
+
+def _output_symbols(spec: OpSpec, given: dict) -> set:
+    return {d for t in spec.outputs if t.name in given for d in t.dims if isinstance(d, str)}
+
+
+def output_shape(spec: OpSpec, name: str, sizes: dict) -> tuple:
+    return tuple(d if isinstance(d, int) else sizes[d] for d in spec.tensor(name).dims)
+
+
+__all__ = ["Problem", "check", "output_shape", "LARGE_TENSOR"]

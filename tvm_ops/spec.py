@@ -1,0 +1,267 @@
+"""Operator contracts, loaded from specs/<op>.yaml and validated on load.
+
+A spec states tensors (symbolic dims and dtypes), scalar parameters, the
+zero-element rules, accuracy thresholds, theory io/ops formulas and the test
+cases. The checks in `checks.py` and the test/bench commands read it; nothing
+about an operator's contract is hard-coded twice.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import OpError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SPEC_DIR = REPO_ROOT / "specs"
+DTYPES = ("float32", "float16", "int32")
+CASE_SETS = ("network", "boundary", "random")
+
+
+class SpecError(OpError):
+    """A spec or schedule file is malformed; the message names the file and key."""
+
+    status = "BAD_SPEC"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dims: tuple  # symbol names (str) or fixed sizes (int)
+    dtypes: tuple  # allowed dtypes; empty when dtype_of is set
+    dtype_of: str | None  # follows another tensor's dtype
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: str  # "int" or "str"
+    symbol: str | None  # the dim symbol an integer parameter defines
+    minimum: int
+    choices: tuple  # accepted strings (type str)
+    optional: bool  # may be None (the operator picks a default)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    set: str
+    shape: dict  # symbol -> size
+    dtypes: tuple
+    expect: str = "ok"  # "ok", or the status the call must fail with (BAD_PARAM...)
+    extra: dict = field(default_factory=dict)  # op-specific generator settings
+    heavy: bool = False  # too big for the test suite: run by `test` and `bench` only
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: str
+    path: Path
+    inputs: tuple  # TensorSpec, in argument order
+    outputs: tuple
+    params: tuple  # ParamSpec
+    zero_bad_param: tuple  # symbols that must not be 0
+    zero_empty_success: tuple  # symbols whose 0 means: nothing to do, outputs zero
+    accuracy: dict  # dtype -> {metric: threshold}
+    theory_io: str
+    theory_ops: str | None
+    cases: tuple
+
+    @property
+    def float_dtypes(self) -> tuple:
+        first = self.inputs[0]
+        return tuple(d for d in first.dtypes if d.startswith("float"))
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.inputs + self.outputs:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def cases_in(self, which: str) -> list:
+        return [c for c in self.cases if which == "all" or c.set == which]
+
+    def case(self, name: str) -> Case:
+        for c in self.cases:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.op} has no case {name!r}; cases: {', '.join(c.name for c in self.cases)}")
+
+    def theory(self, shape: dict, itemsize: int) -> tuple[float, float | None]:
+        """(io bytes, ops) of the formulas for one shape."""
+        env = dict(shape, itemsize=itemsize)
+        ops = evaluate(self.theory_ops, env) if self.theory_ops else None
+        return evaluate(self.theory_io, env), ops
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+
+
+def evaluate(expression: str, env: dict) -> float:
+    """Evaluate an arithmetic formula over shape symbols (no names beyond env, no calls)."""
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in env:
+                raise KeyError(node.id)
+            return env[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](walk(node.left), walk(node.right))
+        raise ValueError(f"unsupported syntax in formula {expression!r}")
+
+    return walk(ast.parse(expression, mode="eval"))
+
+
+class _Reader:
+    """Typed access to a YAML mapping that names the file and key on every error."""
+
+    def __init__(self, path: Path, data, where: str = ""):
+        self.path, self.data, self.where = path, data, where
+
+    def fail(self, key: str, problem: str):
+        raise SpecError(f"{self.path.name}: key '{self.where}{key}': {problem}")
+
+    def get(self, key: str, kind, default=...):
+        if not isinstance(self.data, dict):
+            self.fail("", "expected a mapping")
+        if key not in self.data:
+            if default is ...:
+                self.fail(key, "missing")
+            return default
+        value = self.data[key]
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            self.fail(key, f"expected {names}, got {type(value).__name__}")
+        return value
+
+    def child(self, key: str, value) -> "_Reader":
+        return _Reader(self.path, value, f"{self.where}{key}.")
+
+
+def _tensors(reader: _Reader, key: str) -> tuple:
+    section = reader.get(key, dict)
+    tensors = []
+    for name, body in section.items():
+        r = reader.child(f"{key}.{name}", body)
+        dims = tuple(r.get("dims", list))
+        for d in dims:
+            if not isinstance(d, (str, int)) or isinstance(d, bool):
+                r.fail("dims", f"entries must be symbols or integers, got {d!r}")
+        dtype_of = r.get("dtype_of", str, None)
+        dtypes = tuple(r.get("dtypes", list, []))
+        if not dtypes and dtype_of is None:
+            r.fail("dtypes", "give dtypes or dtype_of")
+        for d in dtypes:
+            if d not in DTYPES:
+                r.fail("dtypes", f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
+        tensors.append(TensorSpec(name, dims, dtypes, dtype_of))
+    return tuple(tensors)
+
+
+def _cases(reader: _Reader, symbols: set, float_dtypes: tuple) -> tuple:
+    cases, seen = [], set()
+    for i, body in enumerate(reader.get("cases", list)):
+        r = reader.child(f"cases[{i}]", body)
+        name = r.get("name", str)
+        if name in seen:
+            r.fail("name", f"duplicate case name {name!r}")
+        seen.add(name)
+        case_set = r.get("set", str)
+        if case_set not in CASE_SETS:
+            r.fail("set", f"expected one of {', '.join(CASE_SETS)}, got {case_set!r}")
+        shape = r.get("shape", dict)
+        missing = symbols - set(shape)
+        if missing:
+            r.fail("shape", f"missing symbols {', '.join(sorted(missing))}")
+        for sym, size in shape.items():
+            if not isinstance(size, int) or size < 0:
+                r.fail(f"shape.{sym}", f"expected a non-negative integer, got {size!r}")
+        dtypes = tuple(r.get("dtypes", list, list(float_dtypes)))
+        for d in dtypes:
+            if d not in float_dtypes:
+                r.fail("dtypes", f"{d!r} is not a dtype of this op ({', '.join(float_dtypes)})")
+        expect = r.get("expect", str, "ok")
+        if expect not in ("ok", "BAD_PARAM", "NOT_SUPPORTED"):
+            r.fail("expect", f"expected ok, BAD_PARAM or NOT_SUPPORTED, got {expect!r}")
+        extra = r.get("extra", dict, {})
+        heavy = r.get("heavy", bool, False)
+        cases.append(Case(name, case_set, dict(shape), dtypes, expect, dict(extra), heavy))
+    return tuple(cases)
+
+
+def parse(path: Path) -> OpSpec:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path.name}: not valid YAML: {exc}") from exc
+    reader = _Reader(path, data)
+    op = reader.get("op", str)
+    if op != path.stem:
+        reader.fail("op", f"must match the file name {path.stem!r}, got {op!r}")
+    inputs, outputs = _tensors(reader, "inputs"), _tensors(reader, "outputs")
+    names = {t.name for t in inputs + outputs}
+    for t in inputs + outputs:
+        if t.dtype_of is not None and t.dtype_of not in names:
+            reader.fail(f"{t.name}.dtype_of", f"names no tensor: {t.dtype_of!r}")
+    params = []
+    for name, body in reader.get("params", dict, {}).items():
+        r = reader.child(f"params.{name}", body)
+        kind = r.get("type", str, "int")
+        if kind not in ("int", "str"):
+            r.fail("type", f"expected int or str, got {kind!r}")
+        choices = tuple(r.get("choices", list, []))
+        if kind == "str" and not choices:
+            r.fail("choices", "a str parameter lists its accepted values")
+        params.append(ParamSpec(name, kind, r.get("symbol", str, None), r.get("min", int, 0), choices,
+                                r.get("optional", bool, False)))
+    symbols = {d for t in inputs + outputs for d in t.dims if isinstance(d, str)}
+    zero = reader.child("zero_elements", reader.get("zero_elements", dict))
+    zero_bad, zero_empty = tuple(zero.get("bad_param", list, [])), tuple(zero.get("empty_success", list, []))
+    for sym in zero_bad + zero_empty:
+        if sym not in symbols:
+            zero.fail("", f"unknown symbol {sym!r}")
+    accuracy = reader.get("accuracy", dict)
+    for dtype, limits in accuracy.items():
+        r = reader.child(f"accuracy.{dtype}", limits)
+        if not isinstance(limits, dict):
+            r.fail("", "expected a mapping of metric: threshold")
+        for metric in limits:
+            if metric not in ("diff1", "diff2", "diff3"):
+                r.fail(metric, "expected diff1, diff2 or diff3")
+            r.get(metric, (int, float))
+    theory = reader.child("theory", reader.get("theory", dict))
+    theory_io, theory_ops = theory.get("io_bytes", str), theory.get("ops", str, None)
+    probe = {s: 3 for s in symbols} | {"itemsize": 4}
+    for key, formula in (("io_bytes", theory_io), ("ops", theory_ops)):
+        if formula is None:
+            continue
+        try:
+            evaluate(formula, probe)
+        except (KeyError, ValueError, SyntaxError) as exc:
+            theory.fail(key, f"bad formula {formula!r}: {exc}")
+    float_dtypes = tuple(d for d in inputs[0].dtypes if d.startswith("float"))
+    for dtype in float_dtypes:
+        if dtype not in accuracy:
+            reader.fail("accuracy", f"no thresholds for {dtype}")
+    cases = _cases(reader, symbols, float_dtypes)
+    return OpSpec(op, path, inputs, outputs, tuple(params), zero_bad, zero_empty,
+                  accuracy, theory_io, theory_ops, cases)
+
+
+@functools.lru_cache(maxsize=None)
+def load(op: str) -> OpSpec:
+    path = SPEC_DIR / f"{op}.yaml"
+    if not path.exists():
+        raise SpecError(f"{path.name}: no spec file for operator {op!r} in {SPEC_DIR}")
+    return parse(path)
