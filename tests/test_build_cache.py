@@ -122,3 +122,16 @@ def test_cuda_spec_cases_on_a_gpu(name):
         for dtype in case.dtypes:
             result = runner.run_case(op, case, dtype, model)
             assert result.verdict == "pass", f"{case.name} {dtype}: {result.detail}"
+
+
+def test_cpu_kernels_use_every_core_by_default(tmp_path):
+    code = ("import os, numpy as np, tvm, tvm_ops\n"
+            "tvm_ops.three_interpolate_backward(np.ones((1, 2, 3), np.float32), np.zeros((1, 3, 3), np.int32),"
+            " np.ones((1, 3, 3), np.float32), 2)\n"
+            "print(tvm.runtime.num_threads(), len(os.sched_getaffinity(0)))")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["TVM_OPS_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    threads, cores = done.stdout.split()
+    assert threads == cores

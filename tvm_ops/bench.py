@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +28,17 @@ class BenchLine:
     gbps: float  # theory io bytes / median time
     io_efficiency: float  # gbps / measured stream bandwidth
     compute_efficiency: float | None
-    peer_ms: float | None
+    peer_ms: float | None  # the operator's main PyTorch eager peer
     speedup: float | None  # peer_ms / median_ms
+    other_peers: dict = field(default_factory=dict)  # further torch formulations: name -> ms
 
     def text(self) -> str:
         compute = f"{self.compute_efficiency:6.1%}" if self.compute_efficiency is not None else "    - "
         peer = (f"torch {self.peer_ms:9.2f} ms  x{self.speedup:6.1f}" if self.peer_ms is not None
                 else "torch       -")
+        others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
         return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {self.median_ms:9.3f} ms "
-                f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%}  compute {compute}  {peer}")
+                f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%}  compute {compute}  {peer}{others}")
 
 
 def median_seconds(fn, repeat: int, sync=None) -> float:
@@ -108,20 +110,22 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     seconds = median_seconds(call, repeat, sync)
     io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize)
     peak = peak_flops(model)
-    peer_seconds = None
+    peers = {}
     if peer and model.kind == "llvm":
         try:
-            run_peer = op.torch_peer(inputs, params)
+            runs = op.torch_peers(inputs, params)
         except ImportError:
-            run_peer = None
-        if run_peer is not None:
+            runs = {}
+        for name, run_peer in runs.items():
             run_peer()
-            peer_seconds = median_seconds(run_peer, max(3, repeat // 2))
+            peers[name] = median_seconds(run_peer, max(3, repeat // 2)) * 1e3
+    main_peer = next(iter(peers), None)
+    peer_ms = peers.pop(main_peer) if main_peer else None
     origin = build.default_variant(op, dtype, model).origin
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bandwidth, (ops / seconds / peak) if ops and peak else None,
-        peer_seconds * 1e3 if peer_seconds else None, (peer_seconds / seconds) if peer_seconds else None)
+        peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers)
 
 
 def as_json(lines: list[BenchLine], bandwidth: float, model: TargetModel) -> dict:

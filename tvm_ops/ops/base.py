@@ -55,6 +55,10 @@ class Operator:
         """A no-argument callable computing the outputs with PyTorch eager ops."""
         raise NotImplementedError
 
+    def torch_peers(self, inputs: dict, params: dict) -> dict:
+        """{name: callable}: the peers `bench` times, the first being the one the ratio uses."""
+        return {"torch": self.torch_peer(inputs, params)}
+
     # --- the call path ----------------------------------------------------------
     def call(self, inputs: dict, params: dict, target, out: dict):
         from .. import build

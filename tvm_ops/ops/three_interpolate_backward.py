@@ -125,9 +125,32 @@ class ThreeInterpolateBackward(Operator):
         return {"grad_features": out}
 
     def torch_peer(self, inputs, params):
+        """What a PyTorch PointNet++ without custom ops runs: autograd through a gather forward."""
         import torch
 
-        go, idx, w = (torch.from_numpy(np.asarray(inputs[k])) for k in ("grad_output", "indices", "weights"))
+        go, idx, w = self._torch_inputs(inputs)
+        m = params["m"]
+        batch, channels, points = go.shape
+        index = idx.long().clamp(0, max(m - 1, 0)).reshape(batch, 1, points * 3).expand(batch, channels, -1)
+        weights = w * ((idx >= 0) & (idx < m)).to(w.dtype)
+
+        def run():
+            features = torch.zeros(batch, channels, m, dtype=go.dtype, requires_grad=True)
+            gathered = torch.gather(features, 2, index).reshape(batch, channels, points, 3)
+            (gathered * weights[:, None]).sum(-1).backward(go)
+            return features.grad
+
+        return run
+
+    def torch_peers(self, inputs, params):
+        return {"torch autograd(gather)": self.torch_peer(inputs, params),
+                "scatter_add_": self._scatter_add_peer(inputs, params)}
+
+    def _scatter_add_peer(self, inputs, params):
+        """A hand-written backward: the weighted gradients scattered with scatter_add_."""
+        import torch
+
+        go, idx, w = self._torch_inputs(inputs)
         m = params["m"]
         batch, channels, points = go.shape
         index = idx.long().clamp(0, max(m - 1, 0)).reshape(batch, 1, points * 3).expand(batch, channels, -1)
@@ -138,6 +161,12 @@ class ThreeInterpolateBackward(Operator):
             return torch.zeros(batch, channels, m, dtype=go.dtype).scatter_add_(2, index, contrib)
 
         return run
+
+    @staticmethod
+    def _torch_inputs(inputs):
+        import torch
+
+        return (torch.from_numpy(np.asarray(inputs[k])) for k in ("grad_output", "indices", "weights"))
 
 
 OP = ThreeInterpolateBackward()
