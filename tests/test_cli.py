@@ -53,13 +53,14 @@ def test_test_command_exits_non_zero_on_failure(tmp_path):
     from tvm_ops.spec import SPEC_DIR
 
     specs = tmp_path / "specs"
-    specs.mkdir()
+    shutil.copytree(SPEC_DIR, specs)  # every operator's spec: the registry loads them all
     text = (SPEC_DIR / "three_interpolate_backward.yaml").read_text()
     (specs / "three_interpolate_backward.yaml").write_text(
         text.replace("float16: {diff1: 1.0e-3, diff2: 1.0e-3}", "float16: {diff1: 1.0e-12, diff2: 1.0e-12}"))
     code = ("import sys, tvm_ops.spec as s, pathlib; s.SPEC_DIR = pathlib.Path(sys.argv[1]); "
             "from tvm_ops.__main__ import main; sys.exit(main(sys.argv[2:]))")
-    done = subprocess.run([sys.executable, "-c", code, str(specs), "test", "--case", "bnd_7x63x129_m127"],
+    done = subprocess.run([sys.executable, "-c", code, str(specs), "test", "--op", "three_interpolate_backward",
+                           "--case", "bnd_7x63x129_m127"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "fail" in done.stdout and "# 2 failed" not in done.stdout and "# 1 failed" in done.stdout

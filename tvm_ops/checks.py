@@ -137,7 +137,7 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
     if zeros:
         got = ", ".join(f"{s}={sizes[s]}" for s in spec.zero_bad_param)
         raise BadParamError(f"{op}: {', '.join(spec.zero_bad_param)} must be non-zero, got {got}")
-    problem.empty = any(sizes[s] == 0 for s in spec.zero_empty_success)
+    problem.empty = problem.empty or any(sizes[s] == 0 for s in spec.zero_empty_success)
     return problem
 
 

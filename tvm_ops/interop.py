@@ -70,3 +70,11 @@ def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool
         make = torch.zeros if zero else torch.empty
         return make(shape, dtype=getattr(torch, dtype), device=device)
     return (np.zeros if zero else np.empty)(shape, dtype=dtype)
+
+
+def zero(array) -> None:
+    """Fill a numpy array or torch tensor with zeros in place."""
+    if isinstance(array, np.ndarray):
+        array.fill(0)
+    else:
+        array.zero_()

@@ -80,12 +80,12 @@ class Operator:
                 problem.kind, problem.device, shapes[t.name], dtype, zero=problem.empty)
         if problem.empty:
             for name, given in problem.outs.items():
-                _zero(given.value)
+                interop.zero(given.value)
             return self._returned(results)
         targets.require_runnable(model)
         kernels = build.kernels(self, problem.dtype, model)
         for name in self.zero_filled_outputs:
-            _zero(results[name])
+            interop.zero(results[name])
         tensors = {name: interop.contiguous(info) for name, info in problem.inputs.items()}
         tensors.update(results)
         self.launch(kernels, problem, tensors)
@@ -104,8 +104,4 @@ class Operator:
         return values[0] if len(values) == 1 else tuple(values)
 
 
-def _zero(array) -> None:
-    if isinstance(array, np.ndarray):
-        array.fill(0)
-    else:
-        array.zero_()
+
