@@ -1,0 +1,281 @@
+"""voxel_pooling_forward (BEVDepth).
+
+A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
+0 <= x < X, 0 <= y < Y and 0 <= z < Z (x = 0 is a valid voxel).
+    output_features[b, y, x, :] = sum of input_features[b, n, :] over kept points
+    pos_memo[b, n] = (b, y, x) if kept else (-1, -1, -1)
+Contract: specs/voxel_pooling_forward.yaml.
+
+Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), `pool`
+(channels [0, C // V * V)) and `pool_tail` (channels [C // V * V, C), launched
+only when C % V != 0). Coordinates of any int32 value are tested before the
+store, so nothing outside output_features is ever written.
+
+- llvm (owner computes, no atomics): the scatter is written as a reduction
+  over n. Each task owns an output slice (a batch, or a batch x channel-vector
+  group), zero-fills it in the block's init and walks all N points of its batch
+  in order, so every output element is summed in the order n = 0..N-1 whatever
+  the thread count: the bits are the same on every run and thread count.
+  The V split is in the compute (TVM 0.27 scalarises a predicated split of a
+  symbolic loop), and the tail is its own PrimFunc because decompose_reduction
+  needs the only writer of `out` in a function.
+- cuda (mlu-ops / BEVDepth): one thread per (point, channel) doing atomicAdd;
+  the output is zero-filled on the device before the launch. TVM 0.27 has no
+  schedule primitive that turns a store into an atomic, so this target has its
+  own compute (the atomic is in it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+
+from ..interop import zero as _zero
+from .base import Operator
+
+CUDA_VEC = 32  # CUDA main/tail channel split: a warp of channels
+
+
+def _pos_memo():
+    @T.prim_func(s_tir=True)
+    def pos_memo(geom_h: T.handle, memo_h: T.handle, X: T.int32, Y: T.int32, Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N = T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        memo = T.match_buffer(memo_h, (B, N, 3), "int32")
+        for b, n, k in T.grid(B, N, 3):
+            with T.sblock("pos_memo"):
+                vb, vn, vk = T.axis.remap("SSS", [b, n, k])
+                T.reads(geom[vb, vn, 0:3])
+                T.writes(memo[vb, vn, vk])
+                x: T.let[T.int32] = geom[vb, vn, 0]
+                y: T.let[T.int32] = geom[vb, vn, 1]
+                z: T.let[T.int32] = geom[vb, vn, 2]
+                memo[vb, vn, vk] = T.if_then_else(
+                    x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z,
+                    T.if_then_else(vk == 0, vb, T.if_then_else(vk == 1, y, x)), -1)
+    return pos_memo
+
+
+def _pool(dtype: str, V: int):
+    """Owner-computes scatter of channels [0, C // V * V): n is the reduction axis; the
+    block declares its whole (b, :, :, c) output column and its init zero-fills it."""
+    zero = tvm.tirx.const(0, dtype)
+
+    @T.prim_func(s_tir=True)
+    def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        feat = T.match_buffer(feat_h, (B, N, C), dtype)
+        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+        for b, c0, n, c1 in T.grid(B, C // V, N, V):
+            with T.sblock("pool"):
+                vb, vc0, vn, vc1 = T.axis.remap("SSRS", [b, c0, n, c1])
+                T.reads(geom[vb, vn, 0:3], feat[vb, vn, vc0 * V + vc1], out[vb, 0:Y, 0:X, vc0 * V + vc1])
+                T.writes(out[vb, 0:Y, 0:X, vc0 * V + vc1])
+                with T.init():
+                    for yy, xx in T.grid(Y, X):
+                        out[vb, yy, xx, vc0 * V + vc1] = zero
+                x: T.let[T.int32] = geom[vb, vn, 0]
+                y: T.let[T.int32] = geom[vb, vn, 1]
+                z: T.let[T.int32] = geom[vb, vn, 2]
+                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                    out[vb, y, x, vc0 * V + vc1] = out[vb, y, x, vc0 * V + vc1] + feat[vb, vn, vc0 * V + vc1]
+    return pool
+
+
+def _pool_tail(dtype: str, V: int):
+    zero = tvm.tirx.const(0, dtype)
+
+    @T.prim_func(s_tir=True)
+    def pool_tail(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        feat = T.match_buffer(feat_h, (B, N, C), dtype)
+        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+        for b, n, ct in T.grid(B, N, C % V):
+            with T.sblock("pool_tail"):
+                vb, vn, vct = T.axis.remap("SRS", [b, n, ct])
+                T.reads(geom[vb, vn, 0:3], feat[vb, vn, C // V * V + vct], out[vb, 0:Y, 0:X, C // V * V + vct])
+                T.writes(out[vb, 0:Y, 0:X, C // V * V + vct])
+                with T.init():
+                    for yy, xx in T.grid(Y, X):
+                        out[vb, yy, xx, C // V * V + vct] = zero
+                x: T.let[T.int32] = geom[vb, vn, 0]
+                y: T.let[T.int32] = geom[vb, vn, 1]
+                z: T.let[T.int32] = geom[vb, vn, 2]
+                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                    out[vb, y, x, C // V * V + vct] = (out[vb, y, x, C // V * V + vct]
+                                                       + feat[vb, vn, C // V * V + vct])
+    return pool_tail
+
+
+def _pool_atomic(dtype: str, V: int, tail: bool):
+    """CUDA: every (b, n, c) adds its feature into the (zeroed) output with atomicAdd;
+    channels [0, C // V * V) for `pool`, the C % V tail for `pool_tail`."""
+    if not tail:
+        @T.prim_func(s_tir=True)
+        def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
+            T.func_attr({"tirx.noalias": True})
+            B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+            geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+            feat = T.match_buffer(feat_h, (B, N, C), dtype)
+            out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+            for b, n, c in T.grid(B, N, C // V * V):
+                with T.sblock("pool"):
+                    vb, vn, vc = T.axis.remap("SSS", [b, n, c])
+                    T.reads(geom[vb, vn, 0:3], feat[vb, vn, vc])
+                    T.writes(out[vb, 0:Y, 0:X, vc])
+                    x: T.let[T.int32] = geom[vb, vn, 0]
+                    y: T.let[T.int32] = geom[vb, vn, 1]
+                    z: T.let[T.int32] = geom[vb, vn, 2]
+                    if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                        T.evaluate(T.cuda.atomic_add(T.address_of(out[vb, y, x, vc]), feat[vb, vn, vc]))
+        return pool
+
+    @T.prim_func(s_tir=True)
+    def pool_tail(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        feat = T.match_buffer(feat_h, (B, N, C), dtype)
+        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+        for b, n, c in T.grid(B, N, C % V):
+            with T.sblock("pool_tail"):
+                vb, vn, vc = T.axis.remap("SSS", [b, n, c])
+                T.reads(geom[vb, vn, 0:3], feat[vb, vn, C // V * V + vc])
+                T.writes(out[vb, 0:Y, 0:X, C // V * V + vc])
+                x: T.let[T.int32] = geom[vb, vn, 0]
+                y: T.let[T.int32] = geom[vb, vn, 1]
+                z: T.let[T.int32] = geom[vb, vn, 2]
+                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                    T.evaluate(T.cuda.atomic_add(T.address_of(out[vb, y, x, C // V * V + vc]),
+                                                 feat[vb, vn, C // V * V + vc]))
+    return pool_tail
+
+
+def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
+    x, y, z = geom[..., 0], geom[..., 1], geom[..., 2]
+    return (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
+
+
+class VoxelPoolingForward(Operator):
+    name = "voxel_pooling_forward"
+    kernel_names = ("pos_memo", "pool", "pool_tail")
+
+    def plan(self, model, knobs):
+        if model.kind == "cuda":
+            return {"vec": CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
+        # V = one SIMD register of float32 (16 on AVX-512, 8 on AVX2)
+        return {"vec": max(model.vector_bytes // 4, 4), "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
+                "memo_chunk": int(knobs["memo_chunk"])}
+
+    def computes(self, dtype, plan, model):
+        V = plan["vec"]
+        if model.kind == "cuda":
+            return {"pos_memo": _pos_memo(), "pool": _pool_atomic(dtype, V, False),
+                    "pool_tail": _pool_atomic(dtype, V, True)}
+        return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V)}
+
+    def launch(self, kernels, problem, tensors):
+        s, p = problem.sizes, problem.params
+        geom, feat = tensors["geom_xyz"], tensors["input_features"]
+        out, memo = tensors["output_features"], tensors["pos_memo"]
+        if problem.device == "cuda":
+            _zero(out)  # atomics accumulate into it; the llvm kernels zero their own slices
+        kernels["pos_memo"](geom, memo, s["X"], s["Y"], p["num_voxel_z"])
+        kernels["pool"](geom, feat, out, p["num_voxel_z"])
+        vec = CUDA_VEC if problem.device == "cuda" else None
+        if vec is None:
+            from .. import targets
+
+            vec = max(targets.host_cpu().vector_bytes // 4, 4)
+        if s["C"] % vec:
+            kernels["pool_tail"](geom, feat, out, p["num_voxel_z"])
+
+    # --- testing and benchmarking ---------------------------------------------
+    def make_inputs(self, case, dtype, rng):
+        """Coordinates spill `spill` voxels beyond each x/y edge; a `z_out` fraction of the
+        points get z = Z or z = -1 (out of range)."""
+        s = case.shape
+        B, N, C, X, Y, Z = (s[k] for k in ("B", "N", "C", "X", "Y", "Z"))
+        spill = case.extra.get("spill", 0)
+        geom = np.empty((B, N, 3), np.int32)
+        geom[..., 0] = rng.integers(-spill, X + spill, (B, N))
+        geom[..., 1] = rng.integers(-spill, Y + spill, (B, N))
+        geom[..., 2] = rng.integers(0, max(Z, 1), (B, N))
+        z_out = rng.random((B, N)) < case.extra.get("z_out", 0.0)
+        geom[..., 2][z_out] = np.where(rng.random(int(z_out.sum())) < 0.5, Z, -1)
+        feat = rng.uniform(-1, 1, (B, N, C)).astype(dtype)
+        return ({"geom_xyz": geom, "input_features": feat},
+                {"num_voxel_x": X, "num_voxel_y": Y, "num_voxel_z": Z})
+
+    def reference(self, inputs, params):
+        """float64, from the SPEC_NOTES math: kept mask, then a grouped sum per voxel."""
+        geom = np.asarray(inputs["geom_xyz"]).astype(np.int64)
+        feat = np.asarray(inputs["input_features"])
+        X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
+        B, N, C = feat.shape
+        kept = _kept(geom, X, Y, Z)
+        b = np.broadcast_to(np.arange(B)[:, None], (B, N))
+        memo = np.full((B, N, 3), -1, np.int64)
+        memo[kept] = np.stack([b[kept], geom[..., 1][kept], geom[..., 0][kept]], -1)
+        voxel = ((b * Y + geom[..., 1]) * X + geom[..., 0])[kept]
+        rows = feat[kept].astype(np.float64)
+        out = np.zeros((B * Y * X, C))
+        if voxel.size:
+            order = np.argsort(voxel, kind="stable")
+            voxel, rows = voxel[order], rows[order]
+            starts = np.flatnonzero(np.r_[True, voxel[1:] != voxel[:-1]])
+            out[voxel[starts]] = np.add.reduceat(rows, starts, axis=0)
+        return {"output_features": out.reshape(B, Y, X, C), "pos_memo": memo}
+
+    def torch_peer(self, inputs, params):
+        """PyTorch eager from the same inputs: mask, voxel index, index_put_(accumulate=True), pos_memo."""
+        import torch
+
+        g = torch.from_numpy(np.asarray(inputs["geom_xyz"]))
+        f = torch.from_numpy(np.asarray(inputs["input_features"]))
+        X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
+        B, N, C = f.shape
+
+        def run():
+            x, y, z = g[..., 0], g[..., 1], g[..., 2]
+            kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
+            b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
+            voxel = (b.long() * Y + y.long()) * X + x.long()
+            out = torch.zeros(B * Y * X, C, dtype=f.dtype)
+            out.index_put_((voxel[kept],), f[kept], accumulate=True)
+            memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y, x], -1), torch.full((), -1, dtype=torch.int32))
+            return out.view(B, Y, X, C), memo
+
+        return run
+
+
+OP = VoxelPoolingForward()
+
+
+def voxel_pooling_forward(geom_xyz, input_features, num_voxel_x, num_voxel_y, num_voxel_z, *,
+                          target="llvm", out=None):
+    """BEV voxel pooling: (output_features [B, Y, X, C], pos_memo [B, N, 3]).
+
+    geom_xyz [B, N, 3] int32 holds (x, y, z) voxel coordinates; input_features [B, N, C]
+    float32. A point is kept iff 0 <= x < num_voxel_x, 0 <= y < num_voxel_y and
+    0 <= z < num_voxel_z; its features are summed into output_features[b, y, x] and
+    pos_memo[b, n] = (b, y, x), else (-1, -1, -1). numpy in -> numpy out; torch in ->
+    torch out. `out=` is a pair (output_features, pos_memo) of caller buffers; either may be
+    None.
+    """
+    if out is None:
+        out = (None, None)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        from ..errors import BadParamError
+
+        raise BadParamError("voxel_pooling_forward: out must be a pair (output_features, pos_memo), "
+                            f"either may be None; got {type(out).__name__}")
+    return OP.call({"geom_xyz": geom_xyz, "input_features": input_features},
+                   {"num_voxel_x": num_voxel_x, "num_voxel_y": num_voxel_y, "num_voxel_z": num_voxel_z},
+                   target, {"output_features": out[0], "pos_memo": out[1]})

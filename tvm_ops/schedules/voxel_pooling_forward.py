@@ -1,0 +1,52 @@
+"""Schedule recipes for voxel_pooling_forward (knobs: schedules/voxel_pooling_forward.yaml)."""
+
+
+def llvm(sch, kernel, model, plan):
+    if kernel == "pos_memo":
+        b, n, k = sch.get_loops(sch.get_sblock("pos_memo"))
+        chunk, _ = sch.split(n, [None, plan["memo_chunk"]])
+        sch.parallel(sch.fuse(b, chunk))
+        sch.unroll(k)
+        return
+    if kernel == "pool_tail":
+        # owner = a batch, C % V scalar channels
+        block = sch.get_sblock("pool_tail")
+        b, n, _c = sch.get_loops(block)
+        sch.parallel(b)
+        sch.decompose_reduction(block, n)
+        return
+    # pool: owner = (batch, group of c_vecs_per_task channel vectors); 0 = the whole batch
+    block = sch.get_sblock("pool")
+    b, c0, n, c1 = sch.get_loops(block)
+    group = plan["c_vecs_per_task"]
+    if group == 0:
+        sch.reorder(b, n, c0, c1)
+        owner = b
+    elif group == 1:
+        owner = sch.fuse(b, c0)
+    else:
+        cg, cw = sch.split(c0, [None, group])
+        sch.reorder(b, cg, n, cw, c1)
+        owner = sch.fuse(b, cg)
+    sch.parallel(owner)
+    lanes = model.lanes("float32")
+    if lanes < plan["vec"]:
+        _, c1 = sch.split(c1, [None, lanes])
+    sch.vectorize(c1)
+    sch.decompose_reduction(block, n)
+
+
+def cuda(sch, kernel, model, plan):
+    # batch on blockIdx.y; (point, channel) fused and split over blockIdx.x / threadIdx.x with
+    # a constant thread extent (the split's predicate guards the end), channels fastest so a
+    # warp reads contiguous feature rows and adds into consecutive output words.
+    block = sch.get_sblock(kernel)
+    b, n, c = sch.get_loops(block)
+    if kernel == "pos_memo":
+        bx, tx = sch.split(n, [None, plan["memo_threads"]])
+        sch.unroll(c)
+    else:
+        bx, tx = sch.split(sch.fuse(n, c), [None, plan["threads"]])
+    sch.bind(b, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
