@@ -1,0 +1,328 @@
+"""border_align_backward: spec cases, properties, checks, guard regions, out= and interop."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tvm_ops
+from tvm_ops import build, metrics, runner, targets
+from tvm_ops.ops.border_align_backward import OP, box_layout, torch_gradient
+
+from .conftest import requires_torch
+
+CPU = targets.resolve("llvm")
+CASES = [(c, d) for c in OP.spec.cases if not c.heavy for d in c.dtypes]
+
+
+@pytest.mark.parametrize("case, dtype", CASES, ids=[f"{c.name}-{d}" for c, d in CASES])
+def test_spec_case(case, dtype):
+    result = runner.run_case(OP, case, dtype, CPU)
+    assert result.verdict == "pass", result.detail
+
+
+def inputs(n, h, w, c, pool=10, dtype="float32", boxes="inside", spill=0, seed=0):
+    rng = np.random.default_rng(seed)
+    k = h * w
+    go = rng.uniform(-1, 1, (n, k, 4, c)).astype(dtype)
+    bx = box_layout(boxes, n, k, h, w, rng).astype(dtype)
+    am = rng.integers(-spill, pool + 1 + spill, (n, k, 4, c)).astype(np.int32)
+    return go, bx, am
+
+
+def reference(go, bx, am, pool, h, w):
+    return OP.reference({"grad_output": go, "boxes": bx, "argmax_idx": am},
+                        {"pool_size": pool, "height": h, "width": w})["grad_input"]
+
+
+def check(result, go, bx, am, pool, h, w, dtype="float32"):
+    ref = reference(go, bx, am, pool, h, w)
+    assert np.abs(ref).max() > 0, "a reference of zeros tests nothing"
+    acc = metrics.accuracy(np.asarray(result), ref, dtype)
+    assert acc.failures(OP.spec.accuracy[dtype]) == []
+
+
+def test_reference_matches_a_loop_over_the_spec_notes_rule():
+    # an independent scalar transcription of SPEC_NOTES, on a small input with every kind of box
+    n, h, w, c, pool = 2, 3, 4, 3, 4
+    go, bx, am = inputs(n, h, w, c, pool, boxes="partly_outside", spill=2, seed=3)
+    out = np.zeros((n, h, w, 4 * c))
+    for b in range(n):
+        for k in range(h * w):
+            x0, y0, x1, y1 = bx[b, k].astype(np.float64)
+            start = [(x0, y0), (x0, y0), (x1, y1), (x1, y1)]
+            step = [((x1 - x0) / pool, 0), (0, (y1 - y0) / pool), (-(x1 - x0) / pool, 0), (0, -(y1 - y0) / pool)]
+            for s in range(4):
+                for ch in range(c):
+                    i = am[b, k, s, ch]
+                    if not 0 <= i <= pool:
+                        continue
+                    x, y = start[s][0] + i * step[s][0], start[s][1] + i * step[s][1]
+                    if y < -1 or y > h or x < -1 or x > w:
+                        continue
+                    y, x = max(y, 0.0), max(x, 0.0)
+                    yl, xl = int(y), int(x)
+                    if yl >= h - 1:
+                        yl = yh = h - 1
+                        y = float(yl)
+                    else:
+                        yh = yl + 1
+                    if xl >= w - 1:
+                        xl = xh = w - 1
+                        x = float(xl)
+                    else:
+                        xh = xl + 1
+                    ly, lx = y - yl, x - xl
+                    g = float(go[b, k, s, ch])
+                    for yy, xx, wt in ((yl, xl, (1 - ly) * (1 - lx)), (yl, xh, (1 - ly) * lx),
+                                       (yh, xl, ly * (1 - lx)), (yh, xh, ly * lx)):
+                        out[b, yy, xx, s * c + ch] += g * wt
+    assert np.abs(out).max() > 0
+    np.testing.assert_allclose(reference(go, bx, am, pool, h, w), out, rtol=1e-12, atol=1e-12)
+    result = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    np.testing.assert_allclose(result, out, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9), c=st.integers(1, 40),
+       # not "edges": a sample exactly on -1 or H/W is kept or skipped depending on how the
+       # coordinate rounds; the kernel computes it in float32 (as mmcv), the reference in float64
+       pool=st.integers(1, 12), boxes=st.sampled_from(["inside", "partly_outside", "degenerate"]),
+       spill=st.integers(0, 3), dtype=st.sampled_from(["float32", "float16"]), seed=st.integers(0, 2**16))
+def test_random_shapes_and_boxes(n, h, w, c, pool, boxes, spill, dtype, seed):
+    go, bx, am = inputs(n, h, w, c, pool, dtype, boxes, spill, seed)
+    out = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    assert out.shape == (n, h, w, 4 * c) and out.dtype == np.dtype(dtype)
+    ref = reference(go, bx, am, pool, h, w)
+    assert metrics.accuracy(out, ref, dtype).failures(OP.spec.accuracy[dtype]) == []
+
+
+def test_one_library_serves_many_shapes():
+    tvm_ops.border_align_backward(*inputs(1, 2, 3, 5), 10, height=2, width=3)
+    before = build.build_count
+    for n, h, w, c in [(2, 7, 10, 33), (1, 1, 1, 16), (3, 4, 5, 1), (1, 25, 38, 17)]:
+        go, bx, am = inputs(n, h, w, c)
+        check(tvm_ops.border_align_backward(go, bx, am, 10, height=h, width=w), go, bx, am, 10, h, w)
+    assert build.build_count == before
+
+
+# --- no write outside grad_input (mmcv#2139) --------------------------------------
+GUARD = 4096  # sentinel elements before and after grad_input in one allocation
+
+
+def hostile(n, h, w, c, pool, dtype, seed):
+    """Boxes NaN, +-inf, 1e30, -1e30, far outside; argmax INT32_MIN/MAX and just outside."""
+    go, bx, am = inputs(n, h, w, c, pool, dtype, "partly_outside", spill=3, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    big = np.finfo(dtype).max  # 1e30 in float32; float16's max is 65504
+    specials = np.array([np.nan, np.inf, -np.inf, big, -big, 1e4, -1e4], dtype)
+    pick = rng.random(bx.shape) < 0.35
+    bx[pick] = rng.choice(specials, pick.sum())
+    huge = rng.random(am.shape) < 0.2
+    am[huge] = rng.choice(np.array([np.iinfo(np.int32).min, np.iinfo(np.int32).max, -1, pool + 1,
+                                    2**30, -(2**30)], np.int32), huge.sum())
+    return go, bx, am
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n, h, w, c", [(2, 5, 7, 37), (1, 1, 1, 16), (2, 3, 2, 5)])
+def test_no_write_outside_grad_input(n, h, w, c, dtype):
+    pool = 6
+    go, bx, am = hostile(n, h, w, c, pool, dtype, seed=n * 100 + c)
+    size = n * h * w * 4 * c
+    sentinel = np.array(-12345.0, dtype)
+    storage = np.full(GUARD + size + GUARD, sentinel, dtype)
+    out = storage[GUARD:GUARD + size].reshape(n, h, w, 4 * c)
+    result = tvm_ops.border_align_backward(go, bx, am, pool, out=out)
+    assert result is out
+    assert (storage[:GUARD] == sentinel).all() and (storage[GUARD + size:] == sentinel).all()
+    # every element of grad_input was written (no sentinel left), and the values are right
+    ref = reference(go, bx, am, pool, h, w)
+    assert not (out == sentinel).any() and np.isfinite(out).all()
+    # boxes of 1e4 put the float32 sample coordinates (the kernel's, as mmcv) ~1e-3 off float64's
+    assert metrics.accuracy(out, ref, dtype).failures({"diff1": 1e-3, "diff2": 1e-3}) == []
+
+
+def test_nan_boxes_contribute_nothing_and_inf_boxes_stay_finite():
+    go, bx, am = inputs(2, 4, 5, 8, seed=9)
+    bad = bx.copy()
+    bad[:, ::2] = np.nan          # every sample NaN: contributes nothing
+    bad[:, 1::4, 0] = np.inf      # x0 = inf: top/bottom samples NaN or outside, left border outside
+    zeroed = go.copy()
+    zeroed[:, ::2] = 0
+    result = tvm_ops.border_align_backward(go, bad, am, 10, height=4, width=5)
+    assert np.isfinite(result).all()
+    same = tvm_ops.border_align_backward(zeroed, bad, am, 10, height=4, width=5)
+    np.testing.assert_array_equal(result, same)
+    check(result, go, bad, am, 10, 4, 5)
+
+
+def test_argmax_outside_the_samples_contributes_nothing():
+    go, bx, am = inputs(2, 4, 5, 20, pool=5, seed=4)
+    outside = am.copy()
+    outside[:, :, :, ::3] = np.array([-1, 6, np.iinfo(np.int32).max, np.iinfo(np.int32).min])[
+        np.arange(outside[:, :, :, ::3].size) % 4].reshape(outside[:, :, :, ::3].shape)
+    zeroed = go.copy()
+    zeroed[:, :, :, ::3] = 0
+    a = tvm_ops.border_align_backward(go, bx, outside, 5, height=4, width=5)
+    b = tvm_ops.border_align_backward(zeroed, bx, outside, 5, height=4, width=5)
+    np.testing.assert_array_equal(a, b)
+    check(a, go, bx, outside, 5, 4, 5)
+
+
+def test_float16_accumulates_in_float32_and_rounds_once():
+    # many equal small contributions to one pixel: half-precision accumulation would stall
+    n, h, w, c, pool = 1, 16, 16, 16, 1
+    k = h * w
+    go = np.full((n, k, 4, c), 0.01, np.float16)
+    bx = np.tile(np.array([3.0, 3.0, 3.0, 3.0], np.float16), (n, k, 1))
+    am = np.zeros((n, k, 4, c), np.int32)
+    out = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    exact = k * float(np.float16(0.01))  # 256 * 0.01 into pixel (3, 3) for every channel
+    assert out[0, 3, 3, 0] == np.float16(exact)
+
+
+# --- out= ------------------------------------------------------------------------
+def test_out_gives_height_and_width():
+    go, bx, am = inputs(2, 3, 4, 6)
+    out = np.full((2, 3, 4, 24), 7.0, np.float32)
+    result = tvm_ops.border_align_backward(go, bx, am, 10, out=out)
+    assert result is out
+    check(out, go, bx, am, 10, 3, 4)
+
+
+def test_out_with_matching_height_and_width():
+    go, bx, am = inputs(2, 3, 4, 6)
+    out = np.empty((2, 3, 4, 24), np.float32)
+    tvm_ops.border_align_backward(go, bx, am, 10, height=3, width=4, out=out)
+    check(out, go, bx, am, 10, 3, 4)
+
+
+# --- checks: type, status and a message naming the tensor ------------------------
+GOOD = dict(zip(("grad_output", "boxes", "argmax_idx"), inputs(2, 3, 4, 5)))
+
+
+def call(pool=10, height=3, width=4, out=None, **changes):
+    args = dict(GOOD, **changes)
+    return tvm_ops.border_align_backward(args["grad_output"], args["boxes"], args["argmax_idx"], pool,
+                                         height=height, width=width, out=out)
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"boxes": None}, r"boxes is missing"),
+    ({"argmax_idx": [[1]]}, r"argmax_idx must be a numpy array"),
+    ({"grad_output": np.zeros((2, 12, 4), np.float32)}, r"grad_output must have rank 4 \[N, K, 4, C\], got rank 3"),
+    ({"boxes": np.zeros((2, 12), np.float32)}, r"boxes must have rank 3"),
+    ({"argmax_idx": np.zeros((2, 12, 4), np.int32)}, r"argmax_idx must have rank 4"),
+    ({"grad_output": np.zeros((2, 12, 4, 5), np.float64)}, r"grad_output must have dtype float32 or float16, got float64"),
+    ({"boxes": np.zeros((2, 12, 4), np.float16)}, r"boxes must have the dtype of grad_output \(float32\), got float16"),
+    ({"argmax_idx": np.zeros((2, 12, 4, 5), np.int64)}, r"argmax_idx must have dtype int32, got int64"),
+    ({"grad_output": np.zeros((2, 12, 3, 5), np.float32)}, r"grad_output.shape\[2\] must be 4, got 3"),
+    ({"boxes": np.zeros((2, 12, 5), np.float32)}, r"boxes.shape\[2\] must be 4, got 5"),
+    ({"argmax_idx": np.zeros((2, 12, 4, 6), np.int32)}, r"argmax_idx.shape\[3\] \(C\) must equal grad_output.shape\[3\] = 5, got 6"),
+    ({"boxes": np.zeros((2, 11, 4), np.float32)}, r"boxes.shape\[1\] \(K\) must equal grad_output.shape\[1\] = 12, got 11"),
+    ({"boxes": np.zeros((3, 12, 4), np.float32)}, r"boxes.shape\[0\] \(N\) must equal grad_output.shape\[0\] = 2, got 3"),
+])
+def test_bad_inputs(changes, pattern):
+    with pytest.raises(tvm_ops.BadParamError, match=pattern) as info:
+        call(**changes)
+    assert info.value.status == "BAD_PARAM"
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"pool": 0}, r"pool_size must be >= 1, got 0"),
+    ({"pool": -3}, r"pool_size must be >= 1, got -3"),
+    ({"pool": 2.0}, r"pool_size must be an integer"),
+    ({"pool": None}, r"pool_size is required"),
+    ({"height": None}, r"height is required"),
+    ({"width": None}, r"width is required"),
+    ({"height": 4}, r"height \* width must equal grad_output.shape\[1\] \(K\) = 12, got 4 \* 4 = 16"),
+    ({"width": -4}, r"width must be >= 0, got -4"),
+])
+def test_bad_params(kwargs, pattern):
+    with pytest.raises(tvm_ops.BadParamError, match=pattern):
+        call(**kwargs)
+
+
+def test_zero_elements_are_bad_params():
+    z = np.zeros
+    with pytest.raises(tvm_ops.BadParamError, match=r"N, C, H, W, K must be non-zero, got N=0"):
+        tvm_ops.border_align_backward(z((0, 12, 4, 5), np.float32), z((0, 12, 4), np.float32),
+                                      z((0, 12, 4, 5), np.int32), 10, height=3, width=4)
+    with pytest.raises(tvm_ops.BadParamError, match=r"must be non-zero, got N=2, C=0"):
+        tvm_ops.border_align_backward(z((2, 12, 4, 0), np.float32), GOOD["boxes"],
+                                      z((2, 12, 4, 0), np.int32), 10, height=3, width=4)
+    with pytest.raises(tvm_ops.BadParamError, match=r"H=0, W=4, K=0"):
+        tvm_ops.border_align_backward(z((2, 0, 4, 5), np.float32), z((2, 0, 4), np.float32),
+                                      z((2, 0, 4, 5), np.int32), 10, height=0, width=4)
+
+
+def test_out_checks():
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_input'\].shape\[3\] must be a multiple of 4"):
+        call(out=np.zeros((2, 3, 4, 21), np.float32), height=None, width=None)
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_input'\].shape\[3\] / 4 must equal grad_output"):
+        call(out=np.zeros((2, 3, 4, 24), np.float32), height=None, width=None)
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_input'\].shape\[1\] \(H\) must equal height"):
+        call(out=np.zeros((2, 4, 3, 20), np.float32))
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_input'\] must have the dtype of"):
+        call(out=np.zeros((2, 3, 4, 20), np.float16))
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_input'\] must have rank 4"):
+        call(out=np.zeros((2, 3, 80), np.float32))
+    with pytest.raises(tvm_ops.NotSupportedError, match=r"must be C-contiguous"):
+        call(out=np.zeros((2, 3, 4, 40), np.float32)[..., ::2])
+
+
+def test_checks_run_before_any_kernel():
+    before = build.build_count
+    with pytest.raises(tvm_ops.BadParamError):
+        call(height=5)
+    assert build.build_count == before
+
+
+def test_non_contiguous_and_misaligned_inputs():
+    go, bx, am = GOOD.values()
+    wide = np.zeros(go.shape[:-1] + (10,), np.float32)
+    wide[..., ::2] = go
+    storage = np.zeros(bx.size + 1, np.float32)
+    shifted = storage[1:].reshape(bx.shape)
+    shifted[...] = bx
+    check(tvm_ops.border_align_backward(wide[..., ::2], shifted, am, 10, height=3, width=4), go, bx, am, 10, 3, 4)
+
+
+def test_unknown_target():
+    with pytest.raises(tvm_ops.BadParamError, match="unknown target 'tpu'"):
+        tvm_ops.border_align_backward(*GOOD.values(), 10, height=3, width=4, target="tpu")
+
+
+# --- torch interop ------------------------------------------------------------
+@requires_torch
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_torch_in_torch_out(dtype):
+    import torch
+
+    go, bx, am = inputs(2, 5, 6, 21, dtype=dtype)
+    out = tvm_ops.border_align_backward(torch.from_numpy(go), torch.from_numpy(bx), torch.from_numpy(am), 10,
+                                        height=5, width=6)
+    assert isinstance(out, torch.Tensor) and out.dtype == getattr(torch, dtype) and out.shape == (2, 5, 6, 84)
+    check(out.numpy(), go, bx, am, 10, 5, 6, dtype)
+
+
+@requires_torch
+def test_torch_small_channels_and_out_buffer():
+    import torch
+
+    go, bx, am = inputs(2, 3, 4, 3)  # C < 16: empty main workspace
+    out = torch.full((2, 3, 4, 12), 5.0)
+    result = tvm_ops.border_align_backward(torch.from_numpy(go), torch.from_numpy(bx), torch.from_numpy(am), 10,
+                                           out=out)
+    assert result is out
+    check(out.numpy(), go, bx, am, 10, 3, 4)
+
+
+@requires_torch
+def test_torch_peer_matches_the_reference():
+    import torch
+
+    go, bx, am = inputs(2, 5, 7, 19, pool=4, boxes="partly_outside", spill=2, seed=5)
+    peer = torch_gradient(torch.from_numpy(go), torch.from_numpy(bx), torch.from_numpy(am), 4, 5, 7).numpy()
+    check(peer, go, bx, am, 4, 5, 7)
