@@ -1,0 +1,452 @@
+"""ms_deform_attn_backward (Deformable DETR, BEVFormer).
+
+For every sample (b, q, head, l, p) the forward bilinearly samples level l of
+value[b, :, head, :] at sampling_loc[b, q, head, l, p] and weights it by
+attn_weight[b, q, head, l, p]. The backward scatters grad_output * attn *
+corner weight into the four corner rows of grad_value, and reduces over the
+channels for grad_attn_weight and grad_sampling_loc. Semantics (strict sample
+validity test, per-corner validity, w_l / h_l factors): SPEC_NOTES.md; the
+contract: specs/ms_deform_attn_backward.yaml.
+
+Kernels (symbolic B, K, H, C, L, Q, P), both in one library per (dtype, target):
+  grad_value    corner (b,h,q,l,p,k): row / bilinear weight of corner k of a
+                sample; grad_value (b,h,c spatial = owners; q,l,p,k reduction =
+                the sample corners that scatter into the (b,h) slice; T.init
+                zero-fills the slice, so every element is written).
+  grad_loc_attn corner (same macro, plus dw/dlw and dw/dlh per corner);
+                corner_dot (reduction over c): d_k = sum_c g[c] * v_k[c];
+                finalize: grad_attn = sum_k w_k d_k,
+                grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k),
+                the SPEC_NOTES formulas regrouped per corner.
+The CPU has two schedules of each (`*_private`: a (b, h)-private contiguous
+[K, C] copy of the slice), compiled into the same library; `launch` picks one
+by shape (`policy_llvm`). im2col_step only chunks the batch in mmcv / mlu-ops;
+the result does not depend on it, so the kernels ignore it (checked on the host).
+
+Safety: every value / grad_value access is guarded by corner validity AND
+0 <= row < K, so any finite sampling location, and inconsistent
+level_start_index values, never touch memory outside the tensors. NaN / Inf
+locations fail the strict validity test: such samples get zero gradients and
+contribute nothing (not supported by the spec, but safe).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ..errors import BadParamError
+from .base import Operator
+
+KERNELS = ("grad_value", "grad_loc_attn")
+
+
+# --------------------------------------------------------------------------
+# compute
+# --------------------------------------------------------------------------
+
+
+def _corner_macro(dtype: str):
+    """Corner k = (ky, kx) = (k // 2, k % 2) of sample (b, q, h, l, p):
+    rows = its value row (-1: unused corner or skipped sample), w = its
+    bilinear weight, dx / dy = dw/dlw and dw/dlh (zero when unused)."""
+    zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
+
+    @T.macro
+    def corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K):
+        hl: T.let = shapes[vl, 0]
+        wl: T.let = shapes[vl, 1]
+        # The sampling position in the input precision, rounded once: the exact
+        # loc * h_l - 0.5 (exact in float64) rounded to float32, i.e. what mmcv's CUDA
+        # kernel gets from nvcc's fused multiply-add. Without this the result would
+        # depend on whether LLVM contracts the multiply and subtract into an FMA, and
+        # the cell choice (where grad_sampling_loc is discontinuous) with it.
+        h_im: T.let = T.Cast(dtype, T.Cast("float64", loc[vb, vq, vh, vl, vp, 1]) * T.Cast("float64", hl)
+                             - T.float64(0.5))
+        w_im: T.let = T.Cast(dtype, T.Cast("float64", loc[vb, vq, vh, vl, vp, 0]) * T.Cast("float64", wl)
+                             - T.float64(0.5))
+        rows[vb, vq, vh, vl, vp, vk] = -1
+        w[vb, vq, vh, vl, vp, vk] = zero
+        dx[vb, vq, vh, vl, vp, vk] = zero
+        dy[vb, vq, vh, vl, vp, vk] = zero
+        # strict validity test (NaN / Inf fail it); only in-range values reach
+        # floor() -> int32, so there is no float -> int overflow
+        if (h_im > minus_one and w_im > minus_one
+                and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl)):
+            y0: T.let = T.Cast("int32", T.floor(h_im))
+            x0: T.let = T.Cast("int32", T.floor(w_im))
+            lh: T.let = h_im - T.Cast(dtype, y0)
+            lw: T.let = w_im - T.Cast(dtype, x0)
+            ky: T.let = vk // 2
+            kx: T.let = vk % 2
+            y: T.let = y0 + ky
+            x: T.let = x0 + kx
+            r: T.let = lsi[vl] + y * wl + x
+            # per-corner validity, and 0 <= row < K so that any level_start_index
+            # stays in bounds
+            if y >= 0 and y < hl and x >= 0 and x < wl and r >= 0 and r < K:
+                fy: T.let = T.if_then_else(ky == 1, lh, one - lh)
+                fx: T.let = T.if_then_else(kx == 1, lw, one - lw)
+                rows[vb, vq, vh, vl, vp, vk] = r
+                w[vb, vq, vh, vl, vp, vk] = fy * fx
+                dx[vb, vq, vh, vl, vp, vk] = T.if_then_else(kx == 1, fy, zero - fy)
+                dy[vb, vq, vh, vl, vp, vk] = T.if_then_else(ky == 1, fx, zero - fx)
+
+    return corner
+
+
+def grad_value_compute(dtype: str):
+    corner = _corner_macro(dtype)
+
+    @T.prim_func(s_tir=True)
+    def grad_value(shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
+                   attn_h: T.handle, gout_h: T.handle, gv_h: T.handle):
+        T.func_attr({"tir.noalias": True})
+        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
+        lsi = T.match_buffer(lsi_h, (L,), "int32")
+        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
+        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
+        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
+        gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
+        rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
+        w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        for b, h, q, l, p, k in T.grid(B, H, Q, L, P, 4):
+            with T.sblock("corner"):
+                vb, vh, vq, vl, vp, vk = T.axis.remap("SSSSSS", [b, h, q, l, p, k])
+                T.reads(shapes[vl, 0:2], lsi[vl], loc[vb, vq, vh, vl, vp, 0:2])
+                T.writes(rows[vb, vq, vh, vl, vp, vk], w[vb, vq, vh, vl, vp, vk],
+                         dx[vb, vq, vh, vl, vp, vk], dy[vb, vq, vh, vl, vp, vk])
+                corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K)
+        for b, h, q, l, p, k, c in T.grid(B, H, Q, L, P, 4, C):
+            with T.sblock("grad_value"):
+                # scatter: (b, h, c) own the output slice; (q, l, p, k), the sample
+                # corners that accumulate into it, are reduction iters
+                vb, vh, vq, vl, vp, vk, vc = T.axis.remap("SSRRRRS", [b, h, q, l, p, k, c])
+                T.reads(rows[vb, vq, vh, vl, vp, vk], w[vb, vq, vh, vl, vp, vk],
+                        attn[vb, vq, vh, vl, vp], gout[vb, vq, vh, vc], gv[vb, 0:K, vh, vc])
+                T.writes(gv[vb, 0:K, vh, vc])
+                with T.init():
+                    for kk in range(K):
+                        gv[vb, kk, vh, vc] = T.Cast(dtype, 0)
+                r: T.let = rows[vb, vq, vh, vl, vp, vk]
+                if r >= 0:
+                    gv[vb, r, vh, vc] = gv[vb, r, vh, vc] + (
+                        w[vb, vq, vh, vl, vp, vk] * attn[vb, vq, vh, vl, vp]) * gout[vb, vq, vh, vc]
+
+    return grad_value
+
+
+def grad_loc_attn_compute(dtype: str):
+    zero = tirx.const(0, dtype)
+    corner = _corner_macro(dtype)
+
+    @T.prim_func(s_tir=True)
+    def grad_loc_attn(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle,
+                      loc_h: T.handle, attn_h: T.handle, gout_h: T.handle,
+                      gloc_h: T.handle, gattn_h: T.handle):
+        T.func_attr({"tir.noalias": True})
+        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        value = T.match_buffer(value_h, (B, K, H, C), dtype)
+        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
+        lsi = T.match_buffer(lsi_h, (L,), "int32")
+        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
+        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
+        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
+        gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
+        gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
+        rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
+        w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        d = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        for b, h, q, l, p, k in T.grid(B, H, Q, L, P, 4):
+            with T.sblock("corner"):
+                vb, vh, vq, vl, vp, vk = T.axis.remap("SSSSSS", [b, h, q, l, p, k])
+                T.reads(shapes[vl, 0:2], lsi[vl], loc[vb, vq, vh, vl, vp, 0:2])
+                T.writes(rows[vb, vq, vh, vl, vp, vk], w[vb, vq, vh, vl, vp, vk],
+                         dx[vb, vq, vh, vl, vp, vk], dy[vb, vq, vh, vl, vp, vk])
+                corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K)
+        for b, h, q, l, p, k, c in T.grid(B, H, Q, L, P, 4, C):
+            with T.sblock("corner_dot"):
+                # d_k = sum_c g[c] * v_k[c]
+                vb, vh, vq, vl, vp, vk, vc = T.axis.remap("SSSSSSR", [b, h, q, l, p, k, c])
+                T.reads(rows[vb, vq, vh, vl, vp, vk], gout[vb, vq, vh, vc], value[vb, 0:K, vh, vc])
+                T.writes(d[vb, vq, vh, vl, vp, vk])
+                with T.init():
+                    d[vb, vq, vh, vl, vp, vk] = zero
+                # `likely(vc < C)` is a no-op for the math; it keeps a channel split +
+                # rfactor in bounds (rfactor drops the split predicate in TVM 0.27) and
+                # LoopPartition splits the main part off on it.
+                d[vb, vq, vh, vl, vp, vk] = d[vb, vq, vh, vl, vp, vk] + T.if_then_else(
+                    T.likely(vc < C) and rows[vb, vq, vh, vl, vp, vk] >= 0,
+                    gout[vb, vq, vh, vc] * value[vb, rows[vb, vq, vh, vl, vp, vk], vh, vc],
+                    zero)
+        for b, h, q, l, p in T.grid(B, H, Q, L, P):
+            with T.sblock("finalize"):
+                vb, vh, vq, vl, vp = T.axis.remap("SSSSS", [b, h, q, l, p])
+                T.reads(shapes[vl, 0:2], attn[vb, vq, vh, vl, vp], d[vb, vq, vh, vl, vp, 0:4],
+                        w[vb, vq, vh, vl, vp, 0:4], dx[vb, vq, vh, vl, vp, 0:4],
+                        dy[vb, vq, vh, vl, vp, 0:4])
+                T.writes(gloc[vb, vq, vh, vl, vp, 0:2], gattn[vb, vq, vh, vl, vp])
+                d0: T.let = d[vb, vq, vh, vl, vp, 0]
+                d1: T.let = d[vb, vq, vh, vl, vp, 1]
+                d2: T.let = d[vb, vq, vh, vl, vp, 2]
+                d3: T.let = d[vb, vq, vh, vl, vp, 3]
+                a: T.let = attn[vb, vq, vh, vl, vp]
+                # d_k, w_k, dx_k, dy_k are 0 for unused corners and skipped samples
+                gattn[vb, vq, vh, vl, vp] = (
+                    w[vb, vq, vh, vl, vp, 0] * d0 + w[vb, vq, vh, vl, vp, 1] * d1
+                    + w[vb, vq, vh, vl, vp, 2] * d2 + w[vb, vq, vh, vl, vp, 3] * d3)
+                gloc[vb, vq, vh, vl, vp, 0] = T.Cast(dtype, shapes[vl, 1]) * a * (
+                    dx[vb, vq, vh, vl, vp, 0] * d0 + dx[vb, vq, vh, vl, vp, 1] * d1
+                    + dx[vb, vq, vh, vl, vp, 2] * d2 + dx[vb, vq, vh, vl, vp, 3] * d3)
+                gloc[vb, vq, vh, vl, vp, 1] = T.Cast(dtype, shapes[vl, 0]) * a * (
+                    dy[vb, vq, vh, vl, vp, 0] * d0 + dy[vb, vq, vh, vl, vp, 1] * d1
+                    + dy[vb, vq, vh, vl, vp, 2] * d2 + dy[vb, vq, vh, vl, vp, 3] * d3)
+
+    return grad_loc_attn
+
+
+def policy_llvm(sizes: dict, plan: dict) -> bool:
+    """True: use the `*_private` CPU kernels. The private [K, C] slice costs a copy
+    of the value slice and a write-back of the grad_value slice per (b, h); it pays
+    off only when the slice receives many samples (BEVFormer: Q*L*P = 309k per slice
+    vs K = 31k rows; the Deformable-DETR decoder case: 3.6k samples vs K = 40k)."""
+    mode = plan["private_slice"]
+    if mode in ("always", "never"):
+        return mode == "always"
+    samples = sizes["Q"] * sizes["L"] * sizes["P"]
+    return samples >= plan["private_min_ratio"] * sizes["K"]
+
+
+class MsDeformAttnBackward(Operator):
+    name = "ms_deform_attn_backward"
+    # the CPU library holds both variants; CUDA builds the `*_private` names with
+    # the same (atomic) schedule, so every library has the same kernel names
+    kernel_names = KERNELS + tuple(f"{k}_private" for k in KERNELS)
+
+    def rules(self, problem):
+        op, sizes = self.name, problem.sizes
+        step, batch = problem.params["im2col_step"], sizes["B"]
+        if batch > 0:  # B == 0 is the zero-element rule's BAD_PARAM
+            im2col = min(batch, step)
+            if batch % im2col:
+                raise BadParamError(f"{op}: im2col_step: min(B, im2col_step) = {im2col} must divide "
+                                    f"value.shape[0] (B) = {batch}, got im2col_step={step}")
+        shapes = _host_int64(problem.inputs["spatial_shapes"].value)
+        if (shapes < 0).any():
+            raise BadParamError(f"{op}: spatial_shapes must be non-negative (h, w) pairs, got "
+                                f"{shapes.tolist()}")
+        total = int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
+        if total != sizes["K"]:
+            raise BadParamError(f"{op}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
+                                f"{total}, got {sizes['K']}")
+
+    # --- kernels ------------------------------------------------------------
+    def plan(self, model, knobs):
+        plan = dict(knobs)
+        if model.kind == "llvm":
+            plan["lanes"] = model.lanes("float32")
+            plan["dot_lanes"] = max(1, min(int(knobs["dot_lanes"]), plan["lanes"]))
+        return plan
+
+    def computes(self, dtype, plan, model):
+        funcs = {}
+        for suffix in ("", "_private"):
+            funcs["grad_value" + suffix] = grad_value_compute(dtype)
+            funcs["grad_loc_attn" + suffix] = grad_loc_attn_compute(dtype)
+        return funcs
+
+    def launch(self, kernels, problem, tensors):
+        s, i, lo, a, g = (tensors[k] for k in ("spatial_shapes", "level_start_index", "sampling_loc",
+                                                "attn_weight", "grad_output"))
+        gv, gloc, gattn = tensors["grad_value"], tensors["grad_sampling_loc"], tensors["grad_attn_weight"]
+        suffix = ""
+        if problem.device == "cuda":
+            gv.zero_()  # atomicAdd accumulates into it (a torch CUDA tensor)
+        else:
+            plan = self.schedules["llvm"].defaults
+            suffix = "_private" if policy_llvm(problem.sizes, plan) else ""
+            # the CPU kernel's reduction init zero-fills every (b, h) slice: Q*L*P > 0 here
+        kernels["grad_value" + suffix](s, i, lo, a, g, gv)
+        kernels["grad_loc_attn" + suffix](tensors["value"], s, i, lo, a, g, gloc, gattn)
+
+    # --- testing and benchmarking ---------------------------------------------
+    def make_inputs(self, case, dtype, rng):
+        s = case.shape
+        levels = np.asarray(case.extra.get("levels", [[1, s["K"]]] if s["L"] else []),
+                            np.int64).reshape(-1, 2)
+        hw = levels[:, 0] * levels[:, 1]
+        lsi = np.r_[0, np.cumsum(hw)][:len(levels)]
+        B, K, H, C, L, Q, P = (s[k] for k in "BKHCLQP")
+        loc_shape = (B, Q, H, L, P, 2)
+        if "loc_values" in case.extra:
+            loc = rng.choice(np.asarray(case.extra["loc_values"], np.float64), loc_shape)
+        else:
+            loc = rng.uniform(float(case.extra.get("loc_low", 0.0)), float(case.extra.get("loc_high", 1.0)), loc_shape)
+        inputs = {
+            "value": rng.standard_normal((B, K, H, C)).astype(dtype),
+            "spatial_shapes": levels.astype(np.int32),
+            "level_start_index": lsi.astype(np.int32),
+            "sampling_loc": loc.astype(dtype),
+            "attn_weight": rng.uniform(0, 1, (B, Q, H, L, P)).astype(dtype),
+            "grad_output": rng.standard_normal((B, Q, H, C)).astype(dtype),
+        }
+        return inputs, {"im2col_step": case.extra.get("im2col_step", 64)}
+
+    def reference(self, inputs, params):
+        return reference(*(inputs[k] for k in ("value", "spatial_shapes", "level_start_index",
+                                                "sampling_loc", "attn_weight", "grad_output")))
+
+    def torch_peer(self, inputs, params):
+        """mmcv's multi_scale_deformable_attn_pytorch (grid_sample) forward, built once;
+        the callable runs its autograd backward."""
+        import torch
+
+        v = torch.from_numpy(np.asarray(inputs["value"])).requires_grad_(True)
+        lo = torch.from_numpy(np.asarray(inputs["sampling_loc"])).requires_grad_(True)
+        a = torch.from_numpy(np.asarray(inputs["attn_weight"])).requires_grad_(True)
+        shapes = [tuple(x) for x in np.asarray(inputs["spatial_shapes"]).tolist()]
+        out = _msda_pytorch(v, shapes, lo, a)
+        go = torch.from_numpy(np.asarray(inputs["grad_output"])).reshape(out.shape)
+
+        def run():
+            return torch.autograd.grad(out, (v, lo, a), go, retain_graph=True)
+
+        return run
+
+
+def _host_int64(value) -> np.ndarray:
+    """A small int tensor (numpy or torch, any device) as int64 numpy, shape [L, 2]."""
+    if not isinstance(value, np.ndarray):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, np.int64).reshape(-1, 2)
+
+
+def _msda_pytorch(value, shapes, loc, attn):
+    import torch
+    import torch.nn.functional as F
+
+    bs, _, nh, C = value.shape
+    _, Q, _, L, P, _ = loc.shape
+    vl = value.split([int(h) * int(w) for h, w in shapes], dim=1)
+    grids = 2 * loc - 1
+    outs = []
+    for l, (h, w) in enumerate(shapes):
+        v = vl[l].flatten(2).transpose(1, 2).reshape(bs * nh, C, int(h), int(w))
+        gr = grids[:, :, :, l].transpose(1, 2).flatten(0, 1)
+        outs.append(F.grid_sample(v, gr, mode="bilinear", padding_mode="zeros", align_corners=False))
+    a = attn.transpose(1, 2).reshape(bs * nh, 1, Q, L * P)
+    o = (torch.stack(outs, dim=-2).flatten(-2) * a).sum(-1).view(bs, nh * C, Q)
+    return o.transpose(1, 2).contiguous()
+
+
+# --------------------------------------------------------------------------
+# reference (float64 numpy, from the SPEC_NOTES math; independent of the kernels)
+# --------------------------------------------------------------------------
+REFERENCE_CHUNK = 1 << 22  # samples x channels per step: bounds the reference's memory
+
+
+def reference(value, spatial_shapes, level_start_index, sampling_loc, attn_weight, grad_output):
+    value = np.asarray(value, np.float64)
+    B, K, H, C = value.shape
+    _, Q, _, L, P, _ = np.shape(sampling_loc)
+    gv = np.zeros((B * K * H, C))
+    gloc = np.zeros((B, Q, H, L, P, 2))
+    gattn = np.zeros((B, Q, H, L, P))
+    out = {"grad_value": gv.reshape(value.shape), "grad_sampling_loc": gloc, "grad_attn_weight": gattn}
+    if min(B, Q, H, L, P, C, K) == 0:
+        return out
+    levels = np.asarray(spatial_shapes, np.int64).reshape(L, 2)
+    start = np.asarray(level_start_index, np.int64).reshape(L)
+    step = max(1, REFERENCE_CHUNK // max(1, H * L * P * C))
+    for b in range(B):
+        for q0 in range(0, Q, step):
+            q = slice(q0, min(Q, q0 + step))
+            _reference_chunk(value[b], levels, start, np.asarray(sampling_loc[b, q]),
+                             np.asarray(attn_weight[b, q], np.float64),
+                             np.asarray(grad_output[b, q], np.float64),
+                             gv.reshape(B, K * H, C)[b], gloc[b, q], gattn[b, q])
+    return out
+
+
+def _reference_chunk(value, levels, start, loc, attn, g, gv, gloc, gattn):
+    """One batch item, a block of queries: loc [q, H, L, P, 2], value [K, H, C], gv [K*H, C]."""
+    K, H, C = value.shape
+    L = len(levels)
+    hl = levels[:, 0].reshape(1, 1, L, 1)
+    wl = levels[:, 1].reshape(1, 1, L, 1)
+    st = start.reshape(1, 1, L, 1)
+    # The sampling position is computed in float32, as the kernels and mmcv do: it is
+    # the spec's input precision. It is the exact loc * h_l - 0.5 (exact in float64)
+    # rounded once to float32, as a fused multiply-add gives it (mmcv's CUDA build;
+    # the kernels do the same). A float64 position can pick a different cell near an
+    # integer boundary, where grad_sampling_loc is discontinuous. Everything after it
+    # accumulates in float64.
+    dt = loc.dtype
+    with np.errstate(invalid="ignore", over="ignore"):
+        h_im = (loc[..., 1].astype(np.float64) * hl - 0.5).astype(dt).astype(np.float64)
+        w_im = (loc[..., 0].astype(np.float64) * wl - 0.5).astype(dt).astype(np.float64)
+        inside = (h_im > -1) & (w_im > -1) & (h_im < hl) & (w_im < wl)
+    h_im = np.where(inside, h_im, 0.0)
+    w_im = np.where(inside, w_im, 0.0)
+    h_low, w_low = np.floor(h_im).astype(np.int64), np.floor(w_im).astype(np.int64)
+    lh, lw = h_im - h_low, w_im - w_low
+    hh, hw = 1 - lh, 1 - lw
+    shape = inside.shape  # [q, H, L, P]
+    head = np.broadcast_to(np.arange(H).reshape(1, H, 1, 1), shape)
+    gq = np.broadcast_to(g[:, :, None, None, :], shape + (C,))  # grad_output per sample
+    ga = gq * attn[..., None]
+    vflat = value.reshape(K * H, C)
+    vs = []
+    for dy, dx, weight in ((0, 0, hh * hw), (0, 1, hh * lw), (1, 0, lh * hw), (1, 1, lh * lw)):
+        y, x = h_low + dy, w_low + dx
+        row = st + y * wl + x
+        ok = inside & (y >= 0) & (y < hl) & (x >= 0) & (x < wl) & (row >= 0) & (row < K)
+        target = np.where(ok, row, 0) * H + head
+        vs.append(np.where(ok[..., None], vflat[target], 0.0))
+        t, contrib = target[ok], (weight[ok])[:, None] * ga[ok]
+        if t.size:
+            order = np.argsort(t, kind="stable")
+            ts = t[order]
+            starts = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
+            gv[ts[starts]] += np.add.reduceat(contrib[order], starts, axis=0)
+    v1, v2, v3, v4 = vs
+    e = lambda a: a[..., None]  # noqa: E731
+    val = e(hh * hw) * v1 + e(hh * lw) * v2 + e(lh * hw) * v3 + e(lh * lw) * v4
+    grad_h = -e(hw) * v1 - e(lw) * v2 + e(hw) * v3 + e(lw) * v4
+    grad_w = -e(hh) * v1 + e(hh) * v2 - e(lh) * v3 + e(lh) * v4
+    gattn[...] = np.where(inside, (gq * val).sum(-1), 0.0)
+    gloc[..., 0] = np.where(inside, wl * (grad_w * ga).sum(-1), 0.0)
+    gloc[..., 1] = np.where(inside, hl * (grad_h * ga).sum(-1), 0.0)
+
+
+OP = MsDeformAttnBackward()
+
+
+def ms_deform_attn_backward(value, spatial_shapes, level_start_index, sampling_loc, attn_weight,
+                            grad_output, im2col_step=64, *, target="llvm", out=None):
+    """Backward of multi-scale deformable attention: (grad_value, grad_sampling_loc,
+    grad_attn_weight).
+
+    value [B, K, H, C] float32; spatial_shapes [L, 2] int32 (h, w) with
+    K == sum(h*w); level_start_index [L] int32; sampling_loc [B, Q, H, L, P, 2]
+    (x, y in [0, 1]; any finite value is safe, samples outside are skipped);
+    attn_weight [B, Q, H, L, P]; grad_output [B, Q, H, C]. im2col_step only chunks
+    the batch in mmcv: min(B, im2col_step) must divide B; the result does not
+    depend on it. numpy in -> numpy out; torch in -> torch out. `out=` is a triple
+    of caller buffers (None entries allowed).
+    """
+    if out is None:
+        out = (None, None, None)
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise BadParamError(f"ms_deform_attn_backward: out must be a triple (grad_value, grad_sampling_loc, "
+                            f"grad_attn_weight) of buffers or None, got {type(out).__name__}")
+    names = ("grad_value", "grad_sampling_loc", "grad_attn_weight")
+    return OP.call({"value": value, "spatial_shapes": spatial_shapes, "level_start_index": level_start_index,
+                    "sampling_loc": sampling_loc, "attn_weight": attn_weight, "grad_output": grad_output},
+                   {"im2col_step": im2col_step}, target, dict(zip(names, out)))
