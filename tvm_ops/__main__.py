@@ -1,4 +1,4 @@
-"""`python -m tvm_ops <command>`: build, test, bench and list the operators."""
+"""`python -m tvm_ops <command>`: build, test, bench, tune and list the operators."""
 
 from __future__ import annotations
 
@@ -84,14 +84,47 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from . import build, targets, tune
+    from .ops import get
+
+    op = get(args.op)
+    model = targets.resolve(args.target)
+    targets.require_runnable(model)
+    case = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
+    result = tune.tune(op, args.dtype, model, case, trials=args.trials, records_path=args.records,
+                       timeout=args.timeout, repeat=args.repeat, workers=args.workers, seed=args.seed,
+                       progress=True)
+    print(f"# {op.name} {args.dtype} {model.key} case {case}: {result.new} new trials, "
+          f"{len(result.records) - result.new} from {result.records_path}")
+    print(tune.table(result))
+    if result.best and result.baseline and result.baseline.get("median_s"):
+        print(f"# best {result.best['median_s'] * 1e3:.3f} ms vs hand-tuned "
+              f"{result.baseline['median_s'] * 1e3:.3f} ms (x{result.baseline['median_s'] / result.best['median_s']:.2f})")
+    if args.records:
+        print(f"# calls use these records with TVM_OPS_RECORDS={args.records}")
+    chosen = build.best_record(op, args.dtype, model, Path(args.records) if args.records else None)
+    if chosen is not None:
+        print(f"# dispatch now uses tuned:{chosen['shape_class']}: "
+              + ", ".join(f"{k}={v}" for k, v in chosen["knobs"].items()))
+    return 0
+
+
 def cmd_list(args) -> int:
+    from . import build, targets
     from .ops import OPERATORS
 
+    host = targets.resolve("llvm")
+    print(f"# tuning records: {build.records_path()}")
     for op in OPERATORS.values():
         print(f"{op.name}: dtypes {', '.join(op.spec.float_dtypes)}; targets llvm, cuda")
         for kind, sched in op.schedules.items():
             print(f"  schedule {kind}: reduction {sched.reduction}, hand-tuned knobs "
                   + ", ".join(f"{k}={v}" for k, v in sched.defaults.items()))
+        for dtype in op.spec.float_dtypes:  # what a call on this host would use
+            variant = build.default_variant(op, dtype, host)
+            print(f"  uses {host.key} {dtype}: {variant.origin} "
+                  + ", ".join(f"{k}={v}" for k, v in variant.knobs.items()))
         for case in op.spec.cases:
             shape = " ".join(f"{k}={v}" for k, v in case.shape.items())
             expect = "" if case.expect == "ok" else f" -> {case.expect}"
@@ -129,6 +162,19 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
     m.add_argument("--json", help="also write the results to this JSON file")
     m.set_defaults(func=cmd_bench)
+
+    u = sub.add_parser("tune", help="search the schedule knobs of one operator; records the trials")
+    u.add_argument("--op", required=True, help="operator name")
+    u.add_argument("--target", default="llvm", help=TARGET_HELP)
+    u.add_argument("--case", help="spec case to tune on (the shape class; default: the first network case)")
+    u.add_argument("--dtype", default="float32", help="float32 (default) or float16")
+    u.add_argument("--trials", type=int, default=16, help="knob combinations to try, the hand-tuned one first")
+    u.add_argument("--records", help="JSON-lines records file (default: tuning.jsonl in the cache directory)")
+    u.add_argument("--timeout", type=float, default=60.0, help="seconds per candidate build (and timing cap)")
+    u.add_argument("--repeat", type=int, default=10, help="timed runs per candidate (median reported)")
+    u.add_argument("--workers", type=int, default=2, help="parallel build processes")
+    u.add_argument("--seed", type=int, default=0, help="order of the search space")
+    u.set_defaults(func=cmd_tune)
 
     ls = sub.add_parser("list", help="operators, dtypes, targets, schedules and cases")
     ls.set_defaults(func=cmd_list)

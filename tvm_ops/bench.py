@@ -37,7 +37,8 @@ class BenchLine:
         peer = (f"torch {self.peer_ms:9.2f} ms  x{self.speedup:6.1f}" if self.peer_ms is not None
                 else "torch       -")
         others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
-        return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {self.median_ms:9.3f} ms "
+        return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {self.origin:16s} "
+                f"{self.median_ms:9.3f} ms "
                 f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%}  compute {compute}  {peer}{others}")
 
 

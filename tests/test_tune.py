@@ -1,0 +1,161 @@
+"""Autotuning: records, resume, dispatch to the best record, failed and pruned candidates."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tvm_ops import build, targets, tune
+from tvm_ops.ops import get
+
+OP = get("three_interpolate_backward")
+CASE = "net_16x16x64_m512"  # small: builds and measurements take well under a second
+pytestmark = pytest.mark.xdist_group("tune")
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def model():
+    return targets.resolve("llvm")
+
+
+def test_tune_records_resumes_and_dispatches(tmp_path, model, monkeypatch):
+    path = tmp_path / "tuning.jsonl"
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
+    defaults = OP.schedules["llvm"].defaults
+    # before any record: the hand-tuned default
+    assert build.default_variant(OP, "float32", model).origin == "hand-tuned"
+
+    first = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
+    rows = records(path)
+    assert len(rows) == 4 and first.new == 4
+    assert rows[0]["knobs"] == defaults  # the baseline comes first
+    assert len({json.dumps(r["knobs"], sort_keys=True) for r in rows}) == 4  # no repetition
+    for r in rows:
+        assert r["status"] == "ok" and r["correct"] and r["median_s"] > 0 and r["spread_s"] >= 0
+        assert r["op"] == OP.name and r["dtype"] == "float32" and r["target"] == model.key
+        assert r["shape_class"] == CASE and r["tvm_version"] and r["timestamp"]
+
+    builds = build.build_count
+    again = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
+    assert again.new == 0 and len(records(path)) == 4 and build.build_count == builds
+    assert len(again.records) == 4
+
+    # one more trial continues where the first run stopped
+    more = tune.tune(OP, "float32", model, CASE, trials=5, records_path=path, repeat=3, workers=1)
+    assert more.new == 1 and len(records(path)) == 5
+
+    best = min(records(path), key=lambda r: r["median_s"])
+    chosen = build.default_variant(OP, "float32", model)
+    assert chosen.origin == f"tuned:{CASE}" and chosen.knobs == best["knobs"]
+
+    # calls dispatch to the tuned library and stay correct
+    rng = np.random.default_rng(1)
+    go = rng.uniform(-1, 1, (2, 5, 9)).astype(np.float32)
+    idx = rng.integers(0, 4, (2, 9, 3)).astype(np.int32)
+    w = rng.uniform(0, 1, (2, 9, 3)).astype(np.float32)
+    out = OP.call({"grad_output": go, "indices": idx, "weights": w}, {"m": 4}, model, {})
+    ref = OP.reference({"grad_output": go, "indices": idx, "weights": w}, {"m": 4})["grad_features"]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+    monkeypatch.delenv("TVM_OPS_RECORDS")
+    assert build.default_variant(OP, "float32", model).origin == "hand-tuned"  # other file: no records
+
+
+def test_failing_candidate_is_recorded_and_skipped(tmp_path, model, monkeypatch):
+    path = tmp_path / "tuning.jsonl"
+    space = tune.search_space(OP, model)[:4]
+    bad_tile = next(k["c_tile"] for k in space[1:] if k["c_tile"] != space[0]["c_tile"])
+    real_load = build._load
+
+    def corrupting_load(entry, names):
+        """Libraries built with c_tile == bad_tile write grad_features off by one."""
+        kernels = real_load(entry, names)
+        if build.manifest(entry)["knobs"]["c_tile"] != bad_tile:
+            return kernels
+
+        def wrong(fn):
+            def run(*args):
+                fn(*args)
+                args[-1][...] += 1.0  # the kernel's output argument
+            return run
+
+        return {name: wrong(fn) for name, fn in kernels.items()}
+
+    monkeypatch.setattr(build, "_load", corrupting_load)
+    result = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
+    rows = records(path)
+    assert len(rows) == 4
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert failed and all(r["knobs"]["c_tile"] == bad_tile for r in failed)
+    assert all(not r["correct"] and r["median_s"] is None and "wrong result" in r["error"] for r in failed)
+    assert all(r["status"] == "ok" for r in rows if r["knobs"]["c_tile"] != bad_tile)
+    assert result.best["knobs"]["c_tile"] != bad_tile
+    assert build.best_record(OP, "float32", model, path)["knobs"]["c_tile"] != bad_tile
+
+
+def test_crashing_candidate_is_recorded(tmp_path, model, monkeypatch):
+    path = tmp_path / "tuning.jsonl"
+
+    def crashing_launch(self, kernels, problem, tensors):
+        raise RuntimeError("kernel crashed")
+
+    monkeypatch.setattr(type(OP), "launch", crashing_launch)
+    tune.tune(OP, "float32", model, CASE, trials=2, records_path=path, repeat=3, workers=1)
+    rows = records(path)
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("kernel crashed" in r["error"] for r in rows)
+    assert build.best_record(OP, "float32", model, path) is None
+
+
+def test_policy_pruned_candidates(tmp_path, model, monkeypatch):
+    path = tmp_path / "tuning.jsonl"
+    plan = type(OP).plan
+
+    def budget_plan(self, model, knobs):  # a policy that rejects the largest c_tile
+        if knobs["c_tile"] == 64:
+            raise ValueError("on-chip budget too small for c_tile=64")
+        return plan(self, model, knobs)
+
+    monkeypatch.setattr(type(OP), "plan", budget_plan)
+    builds = build.build_count
+    result = tune.tune(OP, "float32", model, CASE, trials=6, records_path=path, repeat=3, workers=1)
+    rows = records(path)
+    pruned = [r for r in rows if r["status"] == "pruned"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 6 and all(r["knobs"]["c_tile"] != 64 for r in ok)
+    assert pruned and all(r["knobs"]["c_tile"] == 64 and "on-chip budget" in r["error"] for r in pruned)
+    assert build.build_count - builds <= 6  # pruned candidates were never built
+    assert len(result.records) == len(rows)
+    # a resumed run re-prunes nothing and rebuilds nothing
+    again = tune.tune(OP, "float32", model, CASE, trials=6, records_path=path, repeat=3, workers=1)
+    assert again.new == 0 and len(records(path)) == len(rows)
+
+
+def test_parallel_builds(tmp_path, model):
+    path = tmp_path / "tuning.jsonl"
+    result = tune.tune(OP, "float32", model, CASE, trials=3, records_path=path, repeat=3, workers=2)
+    assert [r["status"] for r in records(path)] == ["ok"] * 3 and result.best is not None
+    assert "hand-tuned" in tune.table(result)
+
+
+def test_cli_tune_and_list(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "r.jsonl"
+    env = dict(os.environ, TVM_OPS_RECORDS=str(path))
+    done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
+                           "--trials", "2", "--records", str(path), "--workers", "1", "--repeat", "3"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "(hand-tuned)" in done.stdout and "dispatch now uses tuned:" in done.stdout
+    assert len(records(path)) == 2
+    listed = subprocess.run([sys.executable, "-m", "tvm_ops", "list"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    assert f"float32: tuned:{CASE}" in listed.stdout and "float16: hand-tuned" in listed.stdout

@@ -1,0 +1,272 @@
+"""Schedule autotuning: search the knobs of schedules/<op>.yaml for one target and shape class.
+
+The search space is the product of the target's knob candidates, walked in a
+seeded random order without repetition, the hand-tuned default first (the
+baseline). A candidate whose plan() raises (the policy's on-chip budget,
+divisibility, ...) is recorded as pruned before anything is built. The others
+are built in parallel processes into the library cache, then measured one at a
+time in this process: the exact library is loaded, run once on the case's
+inputs and checked against the float64 reference with the spec's thresholds,
+and only a correct library is timed (median and interquartile spread of
+single runs through op.launch on pre-allocated tensors). Crashes and wrong
+results are recorded as failed and the run goes on.
+
+Records are JSON lines appended as they come (build.records_path() by
+default); a trial whose (op, dtype, target, shape class, knobs) already has a
+record is not repeated, so an interrupted run resumes where it stopped.
+build.default_variant() dispatches to the best correct record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import itertools
+import json
+import multiprocessing
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import bench, build, checks, interop, metrics, runner
+from .targets import TargetModel
+
+
+def knobs_key(knobs: dict) -> str:
+    return json.dumps(knobs, sort_keys=True, default=str)
+
+
+def record_id(op: str, dtype: str, target: str, shape_class: str, knobs: dict) -> str:
+    text = "|".join((op, dtype, target, shape_class, knobs_key(knobs)))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def search_space(op, model: TargetModel, seed: int = 0) -> list[dict]:
+    """Every knob combination, the hand-tuned default first, the rest in a seeded random order."""
+    sched = op.schedules[model.kind]
+    names = list(sched.candidates)
+    combos = [dict(zip(names, values)) for values in itertools.product(*(sched.candidates[n] for n in names))]
+    default = dict(sched.defaults)
+    rest = [c for c in combos if knobs_key(c) != knobs_key(default)]
+    order = np.random.default_rng(seed).permutation(len(rest))
+    return [default] + [rest[i] for i in order]
+
+
+def append_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+        f.flush()
+
+
+def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin: str, out_dir: str) -> str:
+    """Build (or find in the cache) one candidate's library; runs in a worker process."""
+    from .ops import get
+
+    variant = build.Variant(get(op_name), dtype, model, knobs, origin)
+    entry, _ = build.find_entry(variant)
+    if entry is None:
+        entry = build.build_entry(variant, Path(out_dir))
+    return str(entry)
+
+
+class Harness:
+    """One case's inputs, reference and pre-allocated tensors; runs any library of the op on them."""
+
+    def __init__(self, op, case, dtype: str, model: TargetModel):
+        self.op, self.model, self.dtype = op, model, dtype
+        inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+        on_target = runner.to_target(model, inputs)
+        self.problem = checks.check(op.spec, on_target, params, {}, op.rules)
+        if self.problem.empty:
+            raise ValueError(f"case {case.name} has no elements: nothing to tune")
+        self.results = {}
+        for t in op.spec.outputs:
+            shape = checks.output_shape(op.spec, t.name, self.problem.sizes)
+            self.results[t.name] = interop.empty_like_kind(self.problem.kind, self.problem.device, shape,
+                                                           op._dtype_of(t, self.problem), zero=True)
+        self.tensors = {name: interop.contiguous(info) for name, info in self.problem.inputs.items()}
+        self.tensors.update(self.results)
+        self.reference = op.reference(inputs, params)
+        self.limits = op.spec.accuracy[dtype]
+        self.sync = None
+        if model.kind == "cuda":
+            import torch
+
+            self.sync = torch.cuda.synchronize
+
+    def run(self, kernels: dict) -> None:
+        for name in self.op.zero_filled_outputs:
+            interop.zero(self.results[name])
+        self.op.launch(kernels, self.problem, self.tensors)
+        if self.sync is not None:
+            self.sync()
+
+    def check(self, kernels: dict) -> str:
+        """Run once on poisoned outputs; '' when every output passes the spec thresholds, else why not."""
+        for value in self.results.values():
+            if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+                value.fill(np.nan)  # a kernel that leaves elements unwritten fails
+        self.run(kernels)
+        problems = []
+        for t in self.op.spec.outputs:
+            acc = metrics.accuracy(runner.to_numpy(self.results[t.name]), self.reference[t.name], self.dtype)
+            problems += [f"{t.name}: {p}" for p in acc.failures(self.limits)]
+        return "; ".join(problems)
+
+    def time(self, kernels: dict, repeat: int, budget_s: float) -> tuple[float, float]:
+        """(median, interquartile spread) in seconds of single runs, at most ~budget_s in all."""
+        # warm up (thread pool, page faults, caches) for 3 runs and at least 0.2 s
+        warm, runs, start = 0.0, 0, time.perf_counter()
+        while runs < 3 or time.perf_counter() - start < min(0.2, budget_s / 4):
+            warm = bench.median_seconds(lambda: self.run(kernels), 1)
+            runs += 1
+        n = max(3, min(repeat, int(budget_s / max(warm, 1e-9))))
+        times = [bench.median_seconds(lambda: self.run(kernels), 1) for _ in range(n)]
+        q1, _, q3 = statistics.quantiles(times, n=4)
+        return statistics.median(times), q3 - q1
+
+
+@dataclass
+class TuneResult:
+    records_path: Path
+    records: list = field(default_factory=list)  # this space's records (new and resumed), in trial order
+    new: int = 0  # trials run by this call
+    baseline: dict | None = None
+    best: dict | None = None
+
+
+def _best(records: list) -> dict | None:
+    ok = [r for r in records if r["status"] == "ok" and r["correct"]]
+    return min(ok, key=lambda r: r["median_s"]) if ok else None
+
+
+def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_path: Path | None = None,
+         timeout: float = 60.0, repeat: int = 10, workers: int = 2, seed: int = 0, progress: bool = False,
+         batch: int = 4) -> TuneResult:
+    """Tune `op`'s knobs for (dtype, model) on spec case `case` (a spec.Case or its name)."""
+    import tvm
+
+    if isinstance(case, str):
+        case = next((c for c in op.spec.cases if c.name == case), None) or _no_case(op, case)
+    path = Path(records_path) if records_path else build.records_path()
+    head = {"op": op.name, "dtype": dtype, "target": model.key, "shape_class": case.name}
+    done = {knobs_key(r["knobs"]): r for r in build.read_records(path)
+            if all(r.get(k) == v for k, v in head.items())}
+    result = TuneResult(path)
+
+    # Walk the space: resumed trials count, pruned ones are recorded but do not use the budget.
+    todo = []
+    for knobs in search_space(op, model, seed):
+        if len(todo) + sum(1 for r in result.records if r["status"] != "pruned") >= trials:
+            break
+        key = knobs_key(knobs)
+        if key in done:
+            result.records.append(done[key])
+            continue
+        rid = record_id(op.name, dtype, model.key, case.name, knobs)
+        record = dict(head, id=rid, knobs=knobs, median_s=None, spread_s=None, correct=False, status="pruned",
+                      error="", tvm_version=tvm.__version__, timestamp=None)
+        try:
+            op.plan(model, knobs)
+        except Exception as exc:  # noqa: BLE001 - the policy's reason is the record's
+            record.update(error=f"{type(exc).__name__}: {exc}", timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            append_record(path, record)
+            result.records.append(record)
+            result.new += 1
+            continue
+        todo.append(record)
+    result.baseline = next((r for r in result.records if knobs_key(r["knobs"]) == knobs_key(op.schedules[
+        model.kind].defaults)), None)
+    result.best = _best(result.records)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo) + sum(1 for r in result.records if r["status"] != "pruned"),
+                   initial=sum(1 for r in result.records if r["status"] != "pruned"), unit="trial",
+                   desc=f"{op.name} {case.name}")
+        _postfix(bar, result)
+
+    harness = Harness(op, case, dtype, model) if todo else None
+    cache = build.cache_dir()
+    pool = None
+    if workers > 1 and len(todo) > 1:
+        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        for start in range(0, len(todo), max(batch, workers)):
+            chunk = todo[start:start + max(batch, workers)]
+            # build the chunk (in parallel), then measure it sequentially with the cores otherwise idle
+            builds = []
+            for record in chunk:
+                args = (op.name, dtype, model, record["knobs"], f"tuned:{record['id']}", str(cache))
+                builds.append(pool.submit(_build_one, *args) if pool else args)
+            for record, job in zip(chunk, builds):
+                _measure(op, dtype, model, harness, record, job, timeout, repeat)
+                append_record(path, record)
+                result.records.append(record)
+                result.new += 1
+                if knobs_key(record["knobs"]) == knobs_key(op.schedules[model.kind].defaults):
+                    result.baseline = record
+                result.best = _best(result.records)
+                if bar is not None:
+                    bar.update(1)
+                    _postfix(bar, result)
+    finally:
+        if bar is not None:
+            bar.close()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+    return result
+
+
+def _no_case(op, name):
+    from .errors import BadParamError
+
+    raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
+
+
+def _measure(op, dtype, model, harness, record, job, timeout, repeat) -> None:
+    record["status"] = "failed"
+    try:
+        entry = Path(job.result(timeout=timeout) if isinstance(job, cf.Future) else _build_one(*job))
+        kernels = build._load(entry, op.kernel_names)
+        problems = harness.check(kernels)
+        if problems:
+            record["error"] = f"wrong result: {problems}"
+        else:
+            record["correct"] = True
+            record["median_s"], record["spread_s"] = harness.time(kernels, repeat, min(timeout, 10.0))
+            record["status"] = "ok"
+    except cf.TimeoutError:
+        record["error"] = f"build did not finish in {timeout:g} s"
+    except Exception as exc:  # noqa: BLE001 - a crashing candidate is recorded and skipped
+        record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    record["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _postfix(bar, result: TuneResult) -> None:
+    best = f"{result.best['median_s'] * 1e3:.3f} ms" if result.best else "-"
+    base = (f"{result.baseline['median_s'] * 1e3:.3f} ms" if result.baseline and result.baseline["median_s"]
+            else "-")
+    bar.set_postfix_str(f"best {best}, hand-tuned {base}")
+
+
+def table(result: TuneResult) -> str:
+    """The final table: every trial of the space, fastest correct first."""
+    base = result.baseline["median_s"] if result.baseline and result.baseline["median_s"] else None
+    rows = sorted(result.records, key=lambda r: (r["status"] != "ok", r["median_s"] or 0))
+    lines = [f"{'status':8s} {'median':>10s} {'spread':>9s} {'vs hand':>8s}  knobs"]
+    for r in rows:
+        median = f"{r['median_s'] * 1e3:7.3f} ms" if r["median_s"] else f"{'-':>10s}"
+        spread = f"{r['spread_s'] * 1e3:6.3f} ms" if r["spread_s"] is not None else f"{'-':>9s}"
+        ratio = f"x{base / r['median_s']:6.2f}" if base and r["median_s"] else f"{'-':>8s}"
+        knobs = " ".join(f"{k}={v}" for k, v in r["knobs"].items())
+        mark = "  (hand-tuned)" if result.baseline is r else ""
+        error = f"  [{r['error'][:100]}]" if r["error"] else ""
+        lines.append(f"{r['status']:8s} {median} {spread} {ratio:>8s}  {knobs}{mark}{error}")
+    return "\n".join(lines)
