@@ -159,3 +159,68 @@ def test_cli_tune_and_list(tmp_path):
                             timeout=300)
     assert listed.returncode == 0, listed.stderr
     assert f"float32: tuned:{CASE}" in listed.stdout and "float16: hand-tuned" in listed.stdout
+
+
+@pytest.fixture
+def rpc_tracker():
+    """A real TVM RPC tracker and one server (key tvm-ops-test) on 127.0.0.1, both stopped at the end."""
+    import socket
+
+    pytest.importorskip("tornado")  # TVM's tracker runs on tornado
+    from tvm.rpc import server as rpc_server
+    from tvm.rpc import tracker as rpc_tracker_mod
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    tracker = server = None
+    try:
+        tracker = rpc_tracker_mod.Tracker(host="127.0.0.1", port=free_port(), port_end=65535, silent=True)
+        server = rpc_server.Server(host="127.0.0.1", port=free_port(), port_end=65535, key="tvm-ops-test",
+                                   tracker_addr=("127.0.0.1", tracker.port), silent=True)
+        yield f"127.0.0.1:{tracker.port}", "tvm-ops-test"
+    finally:
+        if server is not None:
+            server.terminate()
+        if tracker is not None:
+            tracker.terminate()
+
+
+def test_rpc_tune_through_tracker(tmp_path, rpc_tracker):
+    import subprocess
+    import sys
+
+    addr, key = rpc_tracker
+    path = tmp_path / "r.jsonl"
+    done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
+                           "--trials", "2", "--records", str(path), "--workers", "1", "--repeat", "3",
+                           "--timeout", "30", "--rpc-tracker", addr, "--rpc-key", key],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"on rpc:{key}" in done.stdout
+    rows = records(path)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["runner"] == f"rpc:{key}", r
+        assert r["status"] == "ok" and r["correct"] and r["median_s"] > 0 and r["spread_s"] >= 0, r
+    # a local run of the same space does not reuse the remote records
+    local = tune.tune(OP, "float32", targets.resolve("llvm"), CASE, trials=1, records_path=path, repeat=3,
+                      workers=1)
+    assert local.new == 1 and local.records[0]["runner"] == "local"
+
+
+def test_rpc_not_supported_for_host_workspaces():
+    from tvm_ops import checks, runner
+    from tvm_ops.errors import NotSupportedError
+
+    op = get("border_align_backward")
+    case = next(c for c in op.spec.cases if c.expect == "ok")
+    inputs, params = op.make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
+    problem = checks.check(op.spec, inputs, params, {}, op.rules)
+    with pytest.raises(NotSupportedError, match="cannot run over RPC"):
+        tune.trace_launch(op, problem)
+    calls = tune.trace_launch(OP, checks.check(OP.spec, *OP.make_inputs(
+        next(c for c in OP.spec.cases if c.name == CASE), "float32", np.random.default_rng(0)), {}, OP.rules))
+    assert [name for name, _ in calls] == list(OP.kernel_names)

@@ -89,13 +89,22 @@ def cmd_tune(args) -> int:
     from .ops import get
 
     op = get(args.op)
+    from .errors import BadParamError
+
     model = targets.resolve(args.target)
-    targets.require_runnable(model)
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        if not (args.rpc_tracker and args.rpc_key):
+            raise BadParamError("--rpc-tracker and --rpc-key go together")
+        rpc = tune.RpcRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
+    else:
+        targets.require_runnable(model)  # measured here: the target must run on this machine
     case = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
     result = tune.tune(op, args.dtype, model, case, trials=args.trials, records_path=args.records,
                        timeout=args.timeout, repeat=args.repeat, workers=args.workers, seed=args.seed,
-                       progress=True)
-    print(f"# {op.name} {args.dtype} {model.key} case {case}: {result.new} new trials, "
+                       progress=True, rpc=rpc)
+    where = f" on {rpc.name} via {args.rpc_tracker}" if rpc else ""
+    print(f"# {op.name} {args.dtype} {model.key} case {case}{where}: {result.new} new trials, "
           f"{len(result.records) - result.new} from {result.records_path}")
     print(tune.table(result))
     if result.best and result.baseline and result.baseline.get("median_s"):
@@ -174,6 +183,9 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--repeat", type=int, default=10, help="timed runs per candidate (median reported)")
     u.add_argument("--workers", type=int, default=2, help="parallel build processes")
     u.add_argument("--seed", type=int, default=0, help="order of the search space")
+    u.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                   help="measure on a server from this TVM RPC tracker instead of locally")
+    u.add_argument("--rpc-key", metavar="KEY", help="the device key the RPC servers registered with")
     u.set_defaults(func=cmd_tune)
 
     ls = sub.add_parser("list", help="operators, dtypes, targets, schedules and cases")

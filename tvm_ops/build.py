@@ -123,6 +123,7 @@ def best_record(op, dtype: str, model: targets.TargetModel, path: Path | None = 
     rows = [r for r in read_records(path or records_path())
             if r.get("op") == op.name and r.get("dtype") == dtype and r.get("target") == model.key
             and r.get("status") == "ok" and r.get("correct") and r.get("median_s")
+            and r.get("runner", "local") == "local"  # measured on this machine, not an RPC board
             and set(r["knobs"]) == set(defaults)]
     if not rows:
         return None

@@ -15,6 +15,16 @@ Records are JSON lines appended as they come (build.records_path() by
 default); a trial whose (op, dtype, target, shape class, knobs) already has a
 record is not repeated, so an interrupted run resumes where it stopped.
 build.default_variant() dispatches to the best correct record.
+
+With an RpcRunner (`--rpc-tracker HOST:PORT --rpc-key KEY`) the measuring
+moves to a server obtained from TVM's RPC tracker: each built lib.so is
+uploaded and loaded remotely, the case's inputs are copied to remote tensors,
+the kernel calls that op.launch makes (traced once on the host with tensor
+placeholders) are replayed on them, the remote result is checked against the
+reference, and every call is timed with the remote module's time_evaluator.
+An op whose launch needs host-side workspaces, views or fills cannot be
+replayed remotely and raises NotSupportedError. Records carry "runner":
+"local" or "rpc:<key>"; a resumed run only reuses records of its own runner.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bench, build, checks, interop, metrics, runner
+from .errors import BadParamError, NotSupportedError
 from .targets import TargetModel
 
 
@@ -39,8 +50,9 @@ def knobs_key(knobs: dict) -> str:
     return json.dumps(knobs, sort_keys=True, default=str)
 
 
-def record_id(op: str, dtype: str, target: str, shape_class: str, knobs: dict) -> str:
-    text = "|".join((op, dtype, target, shape_class, knobs_key(knobs)))
+def record_id(op: str, dtype: str, target: str, shape_class: str, knobs: dict, runner: str = "local") -> str:
+    parts = (op, dtype, target, shape_class, knobs_key(knobs)) + (() if runner == "local" else (runner,))
+    text = "|".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -130,6 +142,145 @@ class Harness:
         return statistics.median(times), q3 - q1
 
 
+class _Ref:
+    """A placeholder for one of launch's tensors while its kernel calls are traced."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"<tensor {self.name}>"
+
+
+def trace_launch(op, problem: checks.Problem) -> list[tuple[str, tuple]]:
+    """[(kernel name, args)] that op.launch makes on `problem`; an arg is a _Ref or a scalar.
+
+    Raises NotSupportedError when launch does anything but call kernels with its given
+    tensors and scalars (host workspaces, reshaped views, host-side fills).
+    """
+    calls = []
+
+    def recorder(name):
+        def call(*args):
+            for a in args:
+                if not isinstance(a, (_Ref, int, float, np.integer, np.floating)) or isinstance(a, bool):
+                    raise NotSupportedError(f"kernel {name} gets a host-side {type(a).__name__}")
+            calls.append((name, args))
+        return call
+
+    tensors = {name: _Ref(name) for name in list(problem.inputs) + [t.name for t in op.spec.outputs]}
+    try:
+        op.launch({name: recorder(name) for name in op.kernel_names}, problem, tensors)
+    except NotSupportedError as exc:
+        raise NotSupportedError(f"{op.name}: launch cannot run over RPC on this case ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - launch touched a placeholder as a host tensor
+        raise NotSupportedError(f"{op.name}: launch cannot run over RPC on this case: it needs host-side "
+                                f"tensors ({type(exc).__name__}: {exc})") from None
+    if not calls:
+        raise NotSupportedError(f"{op.name}: launch runs no kernel on this case; nothing to measure over RPC")
+    return calls
+
+
+class RpcRunner:
+    """Measures candidates on a server that TVM's RPC tracker hands out for `key`."""
+
+    def __init__(self, tracker: str, key: str, timeout: float = 60.0):
+        host, _, port = tracker.rpartition(":")
+        if not host or not port.isdigit() or not key:
+            raise BadParamError(f"--rpc-tracker wants HOST:PORT and --rpc-key a key, got {tracker!r} / {key!r}")
+        self.host, self.port, self.key, self.timeout = host, int(port), key, timeout
+        self.name = f"rpc:{key}"
+        self.sess = None
+
+    def session(self):
+        """The current remote session, requested from the tracker on first use (or after a failure)."""
+        if self.sess is None:
+            from tvm import rpc
+
+            tracker = rpc.connect_tracker(self.host, self.port)
+            deadline = time.monotonic() + min(self.timeout, 30.0)
+            while self.key not in tracker.summary().get("queue_info", {}):
+                if time.monotonic() > deadline:
+                    raise NotSupportedError(f"the RPC tracker {self.host}:{self.port} has no server with "
+                                            f"key {self.key!r}")
+                time.sleep(0.2)
+            sock = getattr(tracker, "_sock", None)
+            if sock is not None:
+                sock.settimeout(self.timeout)  # a busy server: fail instead of waiting forever
+            self.sess = tracker.request(self.key, priority=1, session_timeout=0, max_retry=2)
+        return self.sess
+
+    def drop(self) -> None:
+        self.sess = None
+
+
+class RpcHarness:
+    """One case's host inputs and reference, and the kernel calls of launch to replay remotely."""
+
+    def __init__(self, op, case, dtype: str, model: TargetModel, rpc: RpcRunner):
+        self.op, self.model, self.dtype, self.rpc = op, model, dtype, rpc
+        inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+        problem = checks.check(op.spec, inputs, params, {}, op.rules)
+        if problem.empty:
+            raise ValueError(f"case {case.name} has no elements: nothing to tune")
+        if model.kind == "cuda":  # launch takes its device path; tensors stay placeholders
+            import dataclasses
+
+            problem = dataclasses.replace(problem, kind="torch", device="cuda")
+        self.calls = trace_launch(op, problem)
+        self.host = {name: np.ascontiguousarray(interop.contiguous(info)) for name, info in problem.inputs.items()}
+        self.outputs = {}
+        for t in op.spec.outputs:
+            shape = checks.output_shape(op.spec, t.name, problem.sizes)
+            self.outputs[t.name] = np.zeros(shape, op._dtype_of(t, problem))
+        self.reference = op.reference(inputs, params)
+        self.limits = op.spec.accuracy[dtype]
+        self.remote, self.remote_sess = None, None
+        rpc.session()  # no tracker or no server for the key: fail before any build
+
+    def _device(self, sess):
+        return sess.cuda() if self.model.kind == "cuda" else sess.cpu()
+
+    def measure(self, entry: Path, repeat: int) -> tuple[str, float, float]:
+        """('' or why the result is wrong, median s, interquartile spread s) of one library, remotely."""
+        import tvm
+
+        sess = self.rpc.session()
+        dev = self._device(sess)
+        if self.remote_sess is not sess:  # inputs are copied once per session
+            self.remote = {k: tvm.runtime.tensor(v, dev) for k, v in self.host.items()}
+            self.remote.update({k: tvm.runtime.tensor(v, dev) for k, v in self.outputs.items()})
+            self.remote_sess = sess
+        name = f"{entry.name}.so"
+        sess.upload(str(entry / "lib.so"), target=name)
+        lib = sess.load_module(name)
+        for out_name, value in self.outputs.items():  # poisoned outputs: unwritten elements fail
+            fill = 0 if out_name in self.op.zero_filled_outputs or not np.issubdtype(value.dtype, np.floating) \
+                else np.nan
+            self.remote[out_name].copyfrom(np.full(value.shape, fill, value.dtype))
+        args = [(kernel, [self.remote[a.name] if isinstance(a, _Ref) else a for a in call_args])
+                for kernel, call_args in self.calls]
+        for kernel, call_args in args:
+            lib[kernel](*call_args)
+        dev.sync()
+        problems = []
+        for t in self.op.spec.outputs:
+            acc = metrics.accuracy(self.remote[t.name].numpy(), self.reference[t.name], self.dtype)
+            problems += [f"{t.name}: {p}" for p in acc.failures(self.limits)]
+        if problems:
+            return "; ".join(problems), 0.0, 0.0
+        n = max(3, repeat)
+        total = np.zeros(n)
+        for kernel, call_args in args:  # one remote evaluator per kernel call, summed run by run
+            evaluator = lib.time_evaluator(kernel, dev, number=1, repeat=n)
+            total += np.asarray(evaluator(*call_args).results, dtype=np.float64)[:n]
+        times = list(total)
+        q1, _, q3 = statistics.quantiles(times, n=4)
+        return "", statistics.median(times), q3 - q1
+
+
 @dataclass
 class TuneResult:
     records_path: Path
@@ -146,16 +297,21 @@ def _best(records: list) -> dict | None:
 
 def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_path: Path | None = None,
          timeout: float = 60.0, repeat: int = 10, workers: int = 2, seed: int = 0, progress: bool = False,
-         batch: int = 4) -> TuneResult:
-    """Tune `op`'s knobs for (dtype, model) on spec case `case` (a spec.Case or its name)."""
+         batch: int = 4, rpc: RpcRunner | None = None) -> TuneResult:
+    """Tune `op`'s knobs for (dtype, model) on spec case `case` (a spec.Case or its name).
+
+    `rpc` measures on a server from TVM's RPC tracker instead of in this process.
+    """
     import tvm
 
     if isinstance(case, str):
         case = next((c for c in op.spec.cases if c.name == case), None) or _no_case(op, case)
     path = Path(records_path) if records_path else build.records_path()
+    runner_name = rpc.name if rpc is not None else "local"
     head = {"op": op.name, "dtype": dtype, "target": model.key, "shape_class": case.name}
     done = {knobs_key(r["knobs"]): r for r in build.read_records(path)
-            if all(r.get(k) == v for k, v in head.items())}
+            if all(r.get(k) == v for k, v in head.items()) and r.get("runner", "local") == runner_name}
+    head["runner"] = runner_name
     result = TuneResult(path)
 
     # Walk the space: resumed trials count, pruned ones are recorded but do not use the budget.
@@ -167,7 +323,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
         if key in done:
             result.records.append(done[key])
             continue
-        rid = record_id(op.name, dtype, model.key, case.name, knobs)
+        rid = record_id(op.name, dtype, model.key, case.name, knobs, runner_name)
         record = dict(head, id=rid, knobs=knobs, median_s=None, spread_s=None, correct=False, status="pruned",
                       error="", tvm_version=tvm.__version__, timestamp=None)
         try:
@@ -192,7 +348,9 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
                    desc=f"{op.name} {case.name}")
         _postfix(bar, result)
 
-    harness = Harness(op, case, dtype, model) if todo else None
+    harness = None
+    if todo:
+        harness = RpcHarness(op, case, dtype, model, rpc) if rpc is not None else Harness(op, case, dtype, model)
     cache = build.cache_dir()
     pool = None
     if workers > 1 and len(todo) > 1:
@@ -234,6 +392,18 @@ def _measure(op, dtype, model, harness, record, job, timeout, repeat) -> None:
     record["status"] = "failed"
     try:
         entry = Path(job.result(timeout=timeout) if isinstance(job, cf.Future) else _build_one(*job))
+        if isinstance(harness, RpcHarness):
+            try:
+                problems, median, spread = harness.measure(entry, repeat)
+            except Exception:
+                harness.rpc.drop()  # the server may have died with the candidate: ask for a fresh one
+                raise
+            if problems:
+                record["error"] = f"wrong result: {problems}"
+            else:
+                record.update(correct=True, median_s=median, spread_s=spread, status="ok")
+            record["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            return
         kernels = build._load(entry, op.kernel_names)
         problems = harness.check(kernels)
         if problems:
