@@ -171,7 +171,7 @@ class VoxelPoolingForward(Operator):
             return {"vec": CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
         # V = one SIMD register of float32 (16 on AVX-512, 8 on AVX2)
         return {"vec": max(model.vector_bytes // 4, 4), "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
-                "memo_chunk": int(knobs["memo_chunk"])}
+                "memo_chunk": int(knobs["memo_chunk"]), "unroll_points": int(knobs["unroll_points"])}
 
     def computes(self, dtype, plan, model):
         V = plan["vec"]

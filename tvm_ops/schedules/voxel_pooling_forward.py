@@ -33,7 +33,12 @@ def llvm(sch, kernel, model, plan):
     if lanes < plan["vec"]:
         _, c1 = sch.split(c1, [None, lanes])
     sch.vectorize(c1)
-    sch.decompose_reduction(block, n)
+    points = n
+    if plan["unroll_points"] > 1:
+        # several points in flight: their random output rows are fetched in parallel
+        points, within = sch.split(n, [None, plan["unroll_points"]])
+        sch.unroll(within)
+    sch.decompose_reduction(block, points)
 
 
 def cuda(sch, kernel, model, plan):
