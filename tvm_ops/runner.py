@@ -59,13 +59,19 @@ def run_case(op, case, dtype: str, model: TargetModel) -> CaseResult:
         result.detail = f"expected {case.expect}, but the call succeeded"
         return result
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    reference = op.reference(inputs, params)
-    limits = op.spec.accuracy[dtype]
-    problems, worst = [], None
-    for t, value in zip(op.spec.outputs, outputs):
-        acc = metrics.accuracy(to_numpy(value), reference[t.name], dtype)
-        worst = acc if worst is None or acc.diff2 > worst.diff2 else worst
-        problems += [f"{t.name}: {p}" for p in acc.failures(limits)]
-    result.accuracy, result.detail = worst, "; ".join(problems)
+    results = {t.name: value for t, value in zip(op.spec.outputs, outputs)}
+    result.accuracy, problems = compare(op, dtype, results, op.reference(inputs, params))
+    result.detail = "; ".join(problems)
     result.verdict = "fail" if problems else "pass"
     return result
+
+
+def compare(op, dtype: str, results: dict, reference: dict) -> tuple[metrics.Accuracy | None, list[str]]:
+    """(the worst output's metrics, every failure) of `results` against the spec's thresholds."""
+    limits = op.spec.accuracy[dtype]
+    problems, worst = [], None
+    for t in op.spec.outputs:
+        acc = metrics.accuracy(to_numpy(results[t.name]), reference[t.name], dtype)
+        worst = acc if worst is None or acc.diff2 > worst.diff2 else worst
+        problems += [f"{t.name}: {p}" for p in acc.failures(limits)]
+    return worst, problems

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, build, checks, interop, metrics, runner
+from . import bench, build, checks, interop, runner
 from .errors import BadParamError, NotSupportedError
 from .targets import TargetModel
 
@@ -103,7 +103,6 @@ class Harness:
         self.tensors = {name: interop.contiguous(info) for name, info in self.problem.inputs.items()}
         self.tensors.update(self.results)
         self.reference = op.reference(inputs, params)
-        self.limits = op.spec.accuracy[dtype]
         self.sync = None
         if model.kind == "cuda":
             import torch
@@ -123,11 +122,7 @@ class Harness:
             if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
                 value.fill(np.nan)  # a kernel that leaves elements unwritten fails
         self.run(kernels)
-        problems = []
-        for t in self.op.spec.outputs:
-            acc = metrics.accuracy(runner.to_numpy(self.results[t.name]), self.reference[t.name], self.dtype)
-            problems += [f"{t.name}: {p}" for p in acc.failures(self.limits)]
-        return "; ".join(problems)
+        return "; ".join(runner.compare(self.op, self.dtype, self.results, self.reference)[1])
 
     def time(self, kernels: dict, repeat: int, budget_s: float) -> tuple[float, float]:
         """(median, interquartile spread) in seconds of single runs, at most ~budget_s in all."""
@@ -236,7 +231,6 @@ class RpcHarness:
             shape = checks.output_shape(op.spec, t.name, problem.sizes)
             self.outputs[t.name] = np.zeros(shape, op._dtype_of(t, problem))
         self.reference = op.reference(inputs, params)
-        self.limits = op.spec.accuracy[dtype]
         self.remote, self.remote_sess = None, None
         rpc.session()  # no tracker or no server for the key: fail before any build
 
@@ -265,10 +259,8 @@ class RpcHarness:
         for kernel, call_args in args:
             lib[kernel](*call_args)
         dev.sync()
-        problems = []
-        for t in self.op.spec.outputs:
-            acc = metrics.accuracy(self.remote[t.name].numpy(), self.reference[t.name], self.dtype)
-            problems += [f"{t.name}: {p}" for p in acc.failures(self.limits)]
+        remote_results = {t.name: self.remote[t.name].numpy() for t in self.op.spec.outputs}
+        problems = runner.compare(self.op, self.dtype, remote_results, self.reference)[1]
         if problems:
             return "; ".join(problems), 0.0, 0.0
         n = max(3, repeat)
