@@ -5,15 +5,17 @@ import json
 import numpy as np
 import pytest
 
-from tvm_ops import build, targets, tune
+from tvm_ops import build, records, targets, tune
+from tvm_ops.errors import BadParamError
 from tvm_ops.ops import get
 
 OP = get("three_interpolate_backward")
 CASE = "net_16x16x64_m512"  # small: builds and measurements take well under a second
+SHAPE_CLASS = "B=16 C=16 N=64 M=512"
 pytestmark = pytest.mark.xdist_group("tune")
 
 
-def records(path):
+def rows_of(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -22,47 +24,87 @@ def model():
     return targets.resolve("llvm")
 
 
+def call_inputs(b, c, n, m, seed=1):
+    rng = np.random.default_rng(seed)
+    inputs = {"grad_output": rng.uniform(-1, 1, (b, c, n)).astype(np.float32),
+              "indices": rng.integers(0, m, (b, n, 3)).astype(np.int32),
+              "weights": rng.uniform(0, 1, (b, n, 3)).astype(np.float32)}
+    return inputs, {"m": m}
+
+
+def test_shape_class_buckets_sizes_and_params():
+    assert records.shape_class({"B": 16, "N": 64}, {}) == "B=16 N=64"
+    # within a factor of about 1.4 of a power of two: the same class
+    assert records.shape_class({"N": 90}, {}) == records.shape_class({"N": 64}, {}) == "N=64"
+    assert records.shape_class({"N": 91}, {}) == "N=128"
+    assert records.shape_class({"N": 0}, {"reduce_type": "max", "pool": 10}) == "N=0 pool=8 reduce_type=max"
+
+
 def test_tune_records_resumes_and_dispatches(tmp_path, model, monkeypatch):
     path = tmp_path / "tuning.jsonl"
     monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
     defaults = OP.schedules["llvm"].defaults
     # before any record: the hand-tuned default
-    assert build.default_variant(OP, "float32", model).origin == "hand-tuned"
+    assert build.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
 
     first = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
-    rows = records(path)
-    assert len(rows) == 4 and first.new == 4
+    rows = rows_of(path)
+    assert len(rows) == 4 and first.new == 4 and first.shape_class == SHAPE_CLASS
     assert rows[0]["knobs"] == defaults  # the baseline comes first
     assert len({json.dumps(r["knobs"], sort_keys=True) for r in rows}) == 4  # no repetition
     for r in rows:
         assert r["status"] == "ok" and r["correct"] and r["median_s"] > 0 and r["spread_s"] >= 0
         assert r["op"] == OP.name and r["dtype"] == "float32" and r["target"] == model.key
-        assert r["shape_class"] == CASE and r["tvm_version"] and r["timestamp"]
+        assert r["shape_class"] == SHAPE_CLASS and r["case"] == CASE and r["tvm_version"] and r["timestamp"]
+        assert r["sizes"] == {"B": 16, "C": 16, "N": 64, "M": 512}
 
     builds = build.build_count
     again = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
-    assert again.new == 0 and len(records(path)) == 4 and build.build_count == builds
+    assert again.new == 0 and len(rows_of(path)) == 4 and build.build_count == builds
     assert len(again.records) == 4
 
     # one more trial continues where the first run stopped
     more = tune.tune(OP, "float32", model, CASE, trials=5, records_path=path, repeat=3, workers=1)
-    assert more.new == 1 and len(records(path)) == 5
+    assert more.new == 1 and len(rows_of(path)) == 5
 
-    best = min(records(path), key=lambda r: r["median_s"])
-    chosen = build.default_variant(OP, "float32", model)
+    best = min(rows_of(path), key=lambda r: r["median_s"])
+    chosen = build.default_variant(OP, "float32", model, SHAPE_CLASS)
     assert chosen.origin == f"tuned:{CASE}" and chosen.knobs == best["knobs"]
+    # a shape of another class (and a build for no shape) keeps the hand-tuned default
+    other = records.shape_class({"B": 2, "C": 5, "N": 9, "M": 4}, {})
+    assert build.default_variant(OP, "float32", model, other).origin == "hand-tuned"
+    assert build.default_variant(OP, "float32", model).origin == "hand-tuned"
+    assert [v.origin for v in build.variants(OP, "float32", model)][0] == "hand-tuned"
 
-    # calls dispatch to the tuned library and stay correct
-    rng = np.random.default_rng(1)
-    go = rng.uniform(-1, 1, (2, 5, 9)).astype(np.float32)
-    idx = rng.integers(0, 4, (2, 9, 3)).astype(np.int32)
-    w = rng.uniform(0, 1, (2, 9, 3)).astype(np.float32)
-    out = OP.call({"grad_output": go, "indices": idx, "weights": w}, {"m": 4}, model, {})
-    ref = OP.reference({"grad_output": go, "indices": idx, "weights": w}, {"m": 4})["grad_features"]
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    # calls dispatch by their shape class and stay correct: a call of the tuned class
+    # loads the tuned library, one of another class the hand-tuned one
+    loaded = []
+    real_kernels = build.kernels
+    monkeypatch.setattr(build, "kernels", lambda op, dtype, m, cls=None: loaded.append(cls) or real_kernels(
+        op, dtype, m, cls))
+    for b, c, n, m in ((16, 16, 64, 512), (15, 17, 60, 480), (2, 5, 9, 4)):
+        inputs, params = call_inputs(b, c, n, m)
+        out = OP.call(inputs, params, model, {})
+        np.testing.assert_allclose(out, OP.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
+    assert loaded[:2] == [SHAPE_CLASS, SHAPE_CLASS] and loaded[2] == other
+    assert [build.default_variant(OP, "float32", model, cls).origin for cls in loaded] == \
+        [f"tuned:{CASE}", f"tuned:{CASE}", "hand-tuned"]
 
     monkeypatch.delenv("TVM_OPS_RECORDS")
-    assert build.default_variant(OP, "float32", model).origin == "hand-tuned"  # other file: no records
+    # other file: no records
+    assert build.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
+
+
+def test_tune_a_custom_shape(tmp_path, model):
+    path = tmp_path / "tuning.jsonl"
+    base = next(c for c in OP.spec.cases if c.name == CASE)
+    case = tune.with_shape(OP, base, {"N": 32, "M": 100})
+    assert case.name == f"{CASE}[N=32,M=100]" and case.shape == {"B": 16, "C": 16, "N": 32, "M": 100}
+    result = tune.tune(OP, "float32", model, case, trials=2, records_path=path, repeat=3, workers=1)
+    assert result.shape_class == "B=16 C=16 N=32 M=128"
+    assert [r["sizes"] for r in rows_of(path)] == [{"B": 16, "C": 16, "N": 32, "M": 100}] * 2
+    with pytest.raises(BadParamError, match="--shape names Q, but case"):
+        tune.with_shape(OP, base, {"Q": 3})
 
 
 def test_failing_candidate_is_recorded_and_skipped(tmp_path, model, monkeypatch):
@@ -87,14 +129,14 @@ def test_failing_candidate_is_recorded_and_skipped(tmp_path, model, monkeypatch)
 
     monkeypatch.setattr(build, "_load", corrupting_load)
     result = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
-    rows = records(path)
+    rows = rows_of(path)
     assert len(rows) == 4
     failed = [r for r in rows if r["status"] == "failed"]
     assert failed and all(r["knobs"]["c_tile"] == bad_tile for r in failed)
     assert all(not r["correct"] and r["median_s"] is None and "wrong result" in r["error"] for r in failed)
     assert all(r["status"] == "ok" for r in rows if r["knobs"]["c_tile"] != bad_tile)
     assert result.best["knobs"]["c_tile"] != bad_tile
-    assert build.best_record(OP, "float32", model, path)["knobs"]["c_tile"] != bad_tile
+    assert records.best(OP, "float32", model, SHAPE_CLASS, path)["knobs"]["c_tile"] != bad_tile
 
 
 def test_crashing_candidate_is_recorded(tmp_path, model, monkeypatch):
@@ -105,10 +147,10 @@ def test_crashing_candidate_is_recorded(tmp_path, model, monkeypatch):
 
     monkeypatch.setattr(type(OP), "launch", crashing_launch)
     tune.tune(OP, "float32", model, CASE, trials=2, records_path=path, repeat=3, workers=1)
-    rows = records(path)
+    rows = rows_of(path)
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert all("kernel crashed" in r["error"] for r in rows)
-    assert build.best_record(OP, "float32", model, path) is None
+    assert records.best(OP, "float32", model, SHAPE_CLASS, path) is None
 
 
 def test_policy_pruned_candidates(tmp_path, model, monkeypatch):
@@ -123,7 +165,7 @@ def test_policy_pruned_candidates(tmp_path, model, monkeypatch):
     monkeypatch.setattr(type(OP), "plan", budget_plan)
     builds = build.build_count
     result = tune.tune(OP, "float32", model, CASE, trials=6, records_path=path, repeat=3, workers=1)
-    rows = records(path)
+    rows = rows_of(path)
     pruned = [r for r in rows if r["status"] == "pruned"]
     ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) == 6 and all(r["knobs"]["c_tile"] != 64 for r in ok)
@@ -132,13 +174,13 @@ def test_policy_pruned_candidates(tmp_path, model, monkeypatch):
     assert len(result.records) == len(rows)
     # a resumed run re-prunes nothing and rebuilds nothing
     again = tune.tune(OP, "float32", model, CASE, trials=6, records_path=path, repeat=3, workers=1)
-    assert again.new == 0 and len(records(path)) == len(rows)
+    assert again.new == 0 and len(rows_of(path)) == len(rows)
 
 
 def test_parallel_builds(tmp_path, model):
     path = tmp_path / "tuning.jsonl"
     result = tune.tune(OP, "float32", model, CASE, trials=3, records_path=path, repeat=3, workers=2)
-    assert [r["status"] for r in records(path)] == ["ok"] * 3 and result.best is not None
+    assert [r["status"] for r in rows_of(path)] == ["ok"] * 3 and result.best is not None
     assert "hand-tuned" in tune.table(result)
 
 
@@ -153,12 +195,22 @@ def test_cli_tune_and_list(tmp_path):
                            "--trials", "2", "--records", str(path), "--workers", "1", "--repeat", "3"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "(hand-tuned)" in done.stdout and "dispatch now uses tuned:" in done.stdout
-    assert len(records(path)) == 2
+    assert "(hand-tuned)" in done.stdout and f"shape class {SHAPE_CLASS} now use tuned:{CASE}" in done.stdout
+    assert len(rows_of(path)) == 2
     listed = subprocess.run([sys.executable, "-m", "tvm_ops", "list"], env=env, capture_output=True, text=True,
                             timeout=300)
     assert listed.returncode == 0, listed.stderr
-    assert f"float32: tuned:{CASE}" in listed.stdout and "float16: hand-tuned" in listed.stdout
+    assert "float32: hand-tuned" in listed.stdout and "float16: hand-tuned" in listed.stdout
+    assert f"shape class {SHAPE_CLASS}: tuned:{CASE}" in listed.stdout
+    # --shape: another size of the same case is its own shape class
+    done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
+                           "--shape", "N=32", "--trials", "1", "--records", str(path), "--workers", "1",
+                           "--repeat", "3"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "shape class B=16 C=16 N=32 M=512" in done.stdout and len(rows_of(path)) == 3
+    bad = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--shape", "N:32"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "want SYMBOL=SIZE" in bad.stderr
 
 
 @pytest.fixture
@@ -200,7 +252,7 @@ def test_rpc_tune_through_tracker(tmp_path, rpc_tracker):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"on rpc:{key}" in done.stdout
-    rows = records(path)
+    rows = rows_of(path)
     assert len(rows) == 2
     for r in rows:
         assert r["runner"] == f"rpc:{key}", r

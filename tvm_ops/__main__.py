@@ -22,6 +22,13 @@ def _dtypes(op, wanted: str) -> list[str]:
     return list(op.spec.float_dtypes) if wanted == "all" else [wanted]
 
 
+def _size(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"want SYMBOL=SIZE (e.g. N=8192), got {text!r}")
+    return name.strip(), int(value)
+
+
 def cmd_build(args) -> int:
     from . import build, targets
 
@@ -29,11 +36,12 @@ def cmd_build(args) -> int:
     out = Path(args.out) if args.out else build.cache_dir()
     for op in _ops(args.op):
         for dtype in _dtypes(op, args.dtype):
-            start = time.perf_counter()
-            entry = build.build_entry(build.default_variant(op, dtype, model), out)
-            manifest = build.manifest(entry)
-            print(f"{op.name:28s} {dtype:8s} {model.key:18s} {manifest['content_hash']}  "
-                  f"{time.perf_counter() - start:5.1f} s  {entry}")
+            for variant in build.variants(op, dtype, model):  # hand-tuned, then each tuned shape class
+                start = time.perf_counter()
+                entry = build.build_entry(variant, out)
+                manifest = build.manifest(entry)
+                print(f"{op.name:28s} {dtype:8s} {model.key:18s} {manifest['content_hash']}  "
+                      f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} {entry}")
     if args.out:
         print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")
     return 0
@@ -85,7 +93,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from . import build, targets, tune
+    from . import records, targets, tune
     from .ops import get
 
     op = get(args.op)
@@ -99,12 +107,17 @@ def cmd_tune(args) -> int:
         rpc = tune.RpcRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
     else:
         targets.require_runnable(model)  # measured here: the target must run on this machine
-    case = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
+    name = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
+    case = next((c for c in op.spec.cases if c.name == name), None)
+    if case is None:
+        raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
+    case = tune.with_shape(op, case, dict(args.shape or []))
     result = tune.tune(op, args.dtype, model, case, trials=args.trials, records_path=args.records,
                        timeout=args.timeout, repeat=args.repeat, workers=args.workers, seed=args.seed,
                        progress=True, rpc=rpc)
     where = f" on {rpc.name} via {args.rpc_tracker}" if rpc else ""
-    print(f"# {op.name} {args.dtype} {model.key} case {case}{where}: {result.new} new trials, "
+    print(f"# {op.name} {args.dtype} {model.key} case {case.name} (shape class {result.shape_class}){where}: "
+          f"{result.new} new trials, "
           f"{len(result.records) - result.new} from {result.records_path}")
     print(tune.table(result))
     if result.best and result.baseline and result.baseline.get("median_s"):
@@ -112,19 +125,19 @@ def cmd_tune(args) -> int:
               f"{result.baseline['median_s'] * 1e3:.3f} ms (x{result.baseline['median_s'] / result.best['median_s']:.2f})")
     if args.records:
         print(f"# calls use these records with TVM_OPS_RECORDS={args.records}")
-    chosen = build.best_record(op, args.dtype, model, Path(args.records) if args.records else None)
+    chosen = records.best(op, args.dtype, model, result.shape_class, Path(args.records) if args.records else None)
     if chosen is not None:
-        print(f"# dispatch now uses tuned:{chosen['shape_class']}: "
+        print(f"# calls of shape class {result.shape_class} now use tuned:{chosen['case']}: "
               + ", ".join(f"{k}={v}" for k, v in chosen["knobs"].items()))
     return 0
 
 
 def cmd_list(args) -> int:
-    from . import build, targets
+    from . import build, records, targets
     from .ops import OPERATORS
 
     host = targets.resolve("llvm")
-    print(f"# tuning records: {build.records_path()}")
+    print(f"# tuning records: {records.records_path()}")
     for op in OPERATORS.values():
         print(f"{op.name}: dtypes {', '.join(op.spec.float_dtypes)}; targets llvm, cuda")
         for kind, sched in op.schedules.items():
@@ -134,6 +147,10 @@ def cmd_list(args) -> int:
             variant = build.default_variant(op, dtype, host)
             print(f"  uses {host.key} {dtype}: {variant.origin} "
                   + ", ".join(f"{k}={v}" for k, v in variant.knobs.items()))
+            for shape_class in records.tuned_classes(op, dtype, host):
+                variant = build.default_variant(op, dtype, host, shape_class)
+                print(f"    shape class {shape_class}: {variant.origin} "
+                      + ", ".join(f"{k}={v}" for k, v in variant.knobs.items()))
         for case in op.spec.cases:
             shape = " ".join(f"{k}={v}" for k, v in case.shape.items())
             expect = "" if case.expect == "ok" else f" -> {case.expect}"
@@ -176,6 +193,8 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--op", required=True, help="operator name")
     u.add_argument("--target", default="llvm", help=TARGET_HELP)
     u.add_argument("--case", help="spec case to tune on (the shape class; default: the first network case)")
+    u.add_argument("--shape", action="append", type=_size, metavar="SYM=SIZE",
+                   help="replace one size of the case (repeatable), e.g. --shape N=8192")
     u.add_argument("--dtype", default="float32", help="float32 (default) or float16")
     u.add_argument("--trials", type=int, default=16, help="knob combinations to try, the hand-tuned one first")
     u.add_argument("--records", help="JSON-lines records file (default: tuning.jsonl in the cache directory)")

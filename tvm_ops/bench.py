@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import build, runner
+from . import build, checks, records, runner
 from .targets import TargetModel
 
 STREAM_ELEMENTS = 32 * 1024 * 1024  # 128 MiB per buffer: far beyond the caches
@@ -122,7 +122,8 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
             peers[name] = median_seconds(run_peer, max(3, repeat // 2)) * 1e3
     main_peer = next(iter(peers), None)
     peer_ms = peers.pop(main_peer) if main_peer else None
-    origin = build.default_variant(op, dtype, model).origin
+    problem = checks.check(op.spec, inputs, params, {}, op.rules)
+    origin = build.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bandwidth, (ops / seconds / peak) if ops and peak else None,

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import targets
+from . import records, targets
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -79,66 +79,26 @@ class Variant:
         return f"{self.op.name}-{self.dtype}-{self.model.key}-{digest}"
 
 
-def records_path() -> Path:
-    """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
-    if os.environ.get("TVM_OPS_RECORDS"):
-        return Path(os.environ["TVM_OPS_RECORDS"])
-    return cache_dir() / "tuning.jsonl"
+def default_variant(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None) -> Variant:
+    """The best tuning record of `shape_class` (origin "tuned:<case>"), else the hand-tuned defaults.
 
-
-_records: dict = {}  # path -> ((mtime_ns, size), records): re-read only when the file changes
-
-
-def read_records(path: Path) -> list[dict]:
-    """The JSON-lines records of `path` ([] when missing); a torn or foreign line is skipped."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return []
-    stamp = (stat.st_mtime_ns, stat.st_size)
-    cached = _records.get(str(path))
-    if cached and cached[0] == stamp:
-        return cached[1]
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("knobs"), dict):
-            rows.append(row)
-    _records[str(path)] = (stamp, rows)
-    return rows
-
-
-def best_record(op, dtype: str, model: targets.TargetModel, path: Path | None = None) -> dict | None:
-    """The best correct record for (op, dtype, target) from any shape class, or None.
-
-    Records of different shape classes are ranked by their speed-up over the
-    hand-tuned default measured on the same shape class (where the file has it),
-    ties by the fastest median. Records whose knobs no longer match the schedule
-    file's knobs are ignored.
+    Without a shape class (a build for no particular shape) only the hand-tuned defaults apply.
     """
-    defaults = op.schedules[model.kind].defaults
-    rows = [r for r in read_records(path or records_path())
-            if r.get("op") == op.name and r.get("dtype") == dtype and r.get("target") == model.key
-            and r.get("status") == "ok" and r.get("correct") and r.get("median_s")
-            and r.get("runner", "local") == "local"  # measured on this machine, not an RPC board
-            and set(r["knobs"]) == set(defaults)]
-    if not rows:
-        return None
-    base = {r.get("shape_class"): r["median_s"] for r in rows if r["knobs"] == defaults}
-    return min(rows, key=lambda r: (r["median_s"] / base.get(r.get("shape_class"), r["median_s"]),
-                                    r["median_s"]))
-
-
-def default_variant(op, dtype: str, model: targets.TargetModel) -> Variant:
-    """The best tuning record's knobs (origin "tuned:<shape class>"), else the hand-tuned defaults."""
-    record = best_record(op, dtype, model)
+    record = records.best(op, dtype, model, shape_class) if shape_class is not None else None
     if record is not None:
-        return Variant(op, dtype, model, dict(record["knobs"]), f"tuned:{record.get('shape_class')}")
+        return Variant(op, dtype, model, dict(record["knobs"]), f"tuned:{record.get('case')}")
     knobs = dict(op.schedules[model.kind].defaults)
     return Variant(op, dtype, model, knobs, "hand-tuned")
+
+
+def variants(op, dtype: str, model: targets.TargetModel) -> list[Variant]:
+    """What `build` compiles for (op, dtype, target): the hand-tuned default and every tuned class's best."""
+    found = [default_variant(op, dtype, model)]
+    for shape_class in records.tuned_classes(op, dtype, model):
+        variant = default_variant(op, dtype, model, shape_class)
+        if all(v.knobs != variant.knobs for v in found):
+            found.append(variant)
+    return found
 
 
 def _sha256(path: Path) -> str:
@@ -216,9 +176,9 @@ def find_entry(variant: Variant) -> tuple[Path | None, str]:
     return None, digest
 
 
-def kernels(op, dtype: str, model: targets.TargetModel) -> dict:
-    """{kernel name: callable} for (op, dtype, target), built on first use and cached."""
-    variant = default_variant(op, dtype, model)
+def kernels(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None) -> dict:
+    """{kernel name: callable} for (op, dtype, target) and the call's shape class, built on first use."""
+    variant = default_variant(op, dtype, model, shape_class)
     key = (op.name, dtype, model.key, tuple(sorted(variant.knobs.items())))
     with _lock:
         if key not in _loaded:

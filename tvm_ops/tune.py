@@ -11,10 +11,12 @@ and only a correct library is timed (median and interquartile spread of
 single runs through op.launch on pre-allocated tensors). Crashes and wrong
 results are recorded as failed and the run goes on.
 
-Records are JSON lines appended as they come (build.records_path() by
+Records are JSON lines appended as they come (records.records_path() by
 default); a trial whose (op, dtype, target, shape class, knobs) already has a
 record is not repeated, so an interrupted run resumes where it stopped.
-build.default_variant() dispatches to the best correct record.
+The shape class (records.shape_class: sizes and parameters bucketed to powers
+of two) is what calls dispatch by: build.default_variant() picks the best
+correct record of the call's class, else the hand-tuned default.
 
 With an RpcRunner (`--rpc-tracker HOST:PORT --rpc-key KEY`) the measuring
 moves to a server obtained from TVM's RPC tracker: each built lib.so is
@@ -30,6 +32,7 @@ replayed remotely and raises NotSupportedError. Records carry "runner":
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -41,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, build, checks, interop, runner
+from . import bench, build, checks, interop, records, runner
 from .errors import BadParamError, NotSupportedError
 from .targets import TargetModel
 
@@ -85,16 +88,48 @@ def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin
     return str(entry)
 
 
+@dataclass
+class Prepared:
+    """A case's generated host inputs and parameters, checked: what every harness starts from."""
+
+    case: object  # spec.Case
+    generated: tuple  # (inputs, params) from op.make_inputs
+    problem: checks.Problem  # checked on the host tensors
+    shape_class: str  # what the records are keyed by (records.shape_class)
+
+
+def prepare(op, case, dtype: str) -> Prepared:
+    inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    problem = checks.check(op.spec, inputs, params, {}, op.rules)
+    if problem.empty:
+        raise BadParamError(f"{op.name}: case {case.name} has no elements: nothing to tune")
+    return Prepared(case, (inputs, params), problem, records.problem_class(op.spec, problem))
+
+
+def with_shape(op, case, overrides: dict):
+    """`case` with some of its sizes replaced (`tune --shape N=8192`); named after the change."""
+    if not overrides:
+        return case
+    unknown = sorted(set(overrides) - set(case.shape))
+    if unknown:
+        raise BadParamError(f"{op.name}: --shape names {', '.join(unknown)}, but case {case.name} has the sizes "
+                            f"{', '.join(case.shape)}")
+    for name, size in overrides.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise BadParamError(f"{op.name}: --shape {name} must be a non-negative integer, got {size!r}")
+    shape = dict(case.shape, **overrides)
+    suffix = ",".join(f"{k}={v}" for k, v in overrides.items())
+    return dataclasses.replace(case, name=f"{case.name}[{suffix}]", shape=shape)
+
+
 class Harness:
     """One case's inputs, reference and pre-allocated tensors; runs any library of the op on them."""
 
-    def __init__(self, op, case, dtype: str, model: TargetModel):
+    def __init__(self, op, case, dtype: str, model: TargetModel, prepared: Prepared | None = None):
         self.op, self.model, self.dtype = op, model, dtype
-        inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+        inputs, params = (prepared or prepare(op, case, dtype)).generated
         on_target = runner.to_target(model, inputs)
         self.problem = checks.check(op.spec, on_target, params, {}, op.rules)
-        if self.problem.empty:
-            raise ValueError(f"case {case.name} has no elements: nothing to tune")
         self.results = {}
         for t in op.spec.outputs:
             shape = checks.output_shape(op.spec, t.name, self.problem.sizes)
@@ -214,15 +249,11 @@ class RpcRunner:
 class RpcHarness:
     """One case's host inputs and reference, and the kernel calls of launch to replay remotely."""
 
-    def __init__(self, op, case, dtype: str, model: TargetModel, rpc: RpcRunner):
+    def __init__(self, op, case, dtype: str, model: TargetModel, rpc: RpcRunner, prepared: Prepared | None = None):
         self.op, self.model, self.dtype, self.rpc = op, model, dtype, rpc
-        inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
-        problem = checks.check(op.spec, inputs, params, {}, op.rules)
-        if problem.empty:
-            raise ValueError(f"case {case.name} has no elements: nothing to tune")
+        prepared = prepared or prepare(op, case, dtype)
+        (inputs, params), problem = prepared.generated, prepared.problem
         if model.kind == "cuda":  # launch takes its device path; tensors stay placeholders
-            import dataclasses
-
             problem = dataclasses.replace(problem, kind="torch", device="cuda")
         self.calls = trace_launch(op, problem)
         self.host = {name: np.ascontiguousarray(interop.contiguous(info)) for name, info in problem.inputs.items()}
@@ -276,6 +307,7 @@ class RpcHarness:
 @dataclass
 class TuneResult:
     records_path: Path
+    shape_class: str = ""
     records: list = field(default_factory=list)  # this space's records (new and resumed), in trial order
     new: int = 0  # trials run by this call
     baseline: dict | None = None
@@ -298,13 +330,14 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
 
     if isinstance(case, str):
         case = next((c for c in op.spec.cases if c.name == case), None) or _no_case(op, case)
-    path = Path(records_path) if records_path else build.records_path()
+    prepared = prepare(op, case, dtype)
+    path = Path(records_path) if records_path else records.records_path()
     runner_name = rpc.name if rpc is not None else "local"
-    head = {"op": op.name, "dtype": dtype, "target": model.key, "shape_class": case.name}
-    done = {knobs_key(r["knobs"]): r for r in build.read_records(path)
+    head = {"op": op.name, "dtype": dtype, "target": model.key, "shape_class": prepared.shape_class}
+    done = {knobs_key(r["knobs"]): r for r in records.read(path)
             if all(r.get(k) == v for k, v in head.items()) and r.get("runner", "local") == runner_name}
-    head["runner"] = runner_name
-    result = TuneResult(path)
+    head.update(runner=runner_name, case=case.name, sizes=dict(prepared.problem.sizes))
+    result = TuneResult(path, prepared.shape_class)
 
     # Walk the space: resumed trials count, pruned ones are recorded but do not use the budget.
     todo = []
@@ -315,7 +348,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
         if key in done:
             result.records.append(done[key])
             continue
-        rid = record_id(op.name, dtype, model.key, case.name, knobs, runner_name)
+        rid = record_id(op.name, dtype, model.key, prepared.shape_class, knobs, runner_name)
         record = dict(head, id=rid, knobs=knobs, median_s=None, spread_s=None, correct=False, status="pruned",
                       error="", tvm_version=tvm.__version__, timestamp=None)
         try:
@@ -342,7 +375,8 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
 
     harness = None
     if todo:
-        harness = RpcHarness(op, case, dtype, model, rpc) if rpc is not None else Harness(op, case, dtype, model)
+        harness = (RpcHarness(op, case, dtype, model, rpc, prepared) if rpc is not None
+                   else Harness(op, case, dtype, model, prepared))
     cache = build.cache_dir()
     pool = None
     if workers > 1 and len(todo) > 1:

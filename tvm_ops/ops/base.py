@@ -12,7 +12,7 @@ import importlib
 
 import numpy as np
 
-from .. import checks, interop, schedule_file, spec, targets
+from .. import checks, interop, records, schedule_file, spec, targets
 
 
 class Operator:
@@ -83,7 +83,7 @@ class Operator:
                 interop.zero(given.value)
             return self._returned(results)
         targets.require_runnable(model)
-        kernels = build.kernels(self, problem.dtype, model)
+        kernels = build.kernels(self, problem.dtype, model, records.problem_class(self.spec, problem))
         for name in self.zero_filled_outputs:
             interop.zero(results[name])
         tensors = {name: interop.contiguous(info) for name, info in problem.inputs.items()}

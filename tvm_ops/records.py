@@ -1,0 +1,104 @@
+"""Tuning records: where they live, how they are read, and which one a call dispatches to.
+
+A record is one JSON line written by `tune` (see tune.py for its fields). Calls
+choose kernels by *shape class*: the problem's sizes and parameters with every
+integer rounded to the nearest power of two, so a record tuned on one shape
+serves the shapes near it (a factor of about 1.4 either way) and no others.
+A call whose shape class has no correct record uses the hand-tuned default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from . import targets
+
+
+def records_path() -> Path:
+    """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
+    if os.environ.get("TVM_OPS_RECORDS"):
+        return Path(os.environ["TVM_OPS_RECORDS"])
+    from .build import cache_dir
+
+    return cache_dir() / "tuning.jsonl"
+
+
+def _bucket(value: int) -> int:
+    return 0 if value <= 0 else 2 ** round(math.log2(value))
+
+
+def shape_class(sizes: dict, params: dict) -> str:
+    """'B=2 C=128 ... reduce_type=max': sizes, then params, integers bucketed to a power of two."""
+    parts = [f"{name}={_bucket(int(size))}" for name, size in sizes.items()]
+    for name, value in sorted(params.items()):
+        if isinstance(value, str):
+            parts.append(f"{name}={value}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{name}={_bucket(value)}")
+    return " ".join(parts)
+
+
+def problem_class(op_spec, problem) -> str:
+    """The shape class of a checked call (checks.Problem).
+
+    Parameters that define a size symbol are already in the sizes, and optional ones
+    may be left to their default, so only the required non-size parameters count."""
+    params = {p.name: problem.params.get(p.name) for p in op_spec.params if p.symbol is None and not p.optional}
+    return shape_class(problem.sizes, params)
+
+
+_cache: dict = {}  # path -> ((mtime_ns, size), records): re-read only when the file changes
+
+
+def read(path: Path) -> list[dict]:
+    """The JSON-lines records of `path` ([] when missing); a torn or foreign line is skipped."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return []
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    cached = _cache.get(str(path))
+    if cached and cached[0] == stamp:
+        return cached[1]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("knobs"), dict):
+            rows.append(row)
+    _cache[str(path)] = (stamp, rows)
+    return rows
+
+
+def usable(op, dtype: str, model: targets.TargetModel, path: Path | None = None) -> list[dict]:
+    """Correct, timed, local records of (op, dtype, target) whose knobs match the schedule file."""
+    defaults = op.schedules[model.kind].defaults
+    return [r for r in read(path or records_path())
+            if r.get("op") == op.name and r.get("dtype") == dtype and r.get("target") == model.key
+            and r.get("status") == "ok" and r.get("correct") and r.get("median_s")
+            and r.get("runner", "local") == "local"  # measured on this machine, not an RPC board
+            and set(r["knobs"]) == set(defaults)]
+
+
+def best(op, dtype: str, model: targets.TargetModel, shape_class: str, path: Path | None = None) -> dict | None:
+    """The fastest usable record of `shape_class`, or None.
+
+    Two cases of one class may both have been tuned: a record is ranked by its
+    speed-up over the hand-tuned default measured on the same case, then by its median.
+    """
+    rows = [r for r in usable(op, dtype, model, path) if r.get("shape_class") == shape_class]
+    if not rows:
+        return None
+    defaults = op.schedules[model.kind].defaults
+    base = {r.get("case"): r["median_s"] for r in rows if r["knobs"] == defaults}
+    return min(rows, key=lambda r: (r["median_s"] / base.get(r.get("case"), r["median_s"]), r["median_s"]))
+
+
+def tuned_classes(op, dtype: str, model: targets.TargetModel, path: Path | None = None) -> list[str]:
+    """Every shape class with a usable record, in first-tuned order."""
+    return list(dict.fromkeys(r.get("shape_class") for r in usable(op, dtype, model, path)))
