@@ -107,30 +107,46 @@ def test_tune_a_custom_shape(tmp_path, model):
         tune.with_shape(OP, base, {"Q": 3})
 
 
+def sabotage(monkeypatch, knob: str, value, mutate) -> None:
+    """Libraries built with knobs[knob] == value get their kernels' bodies from `mutate(func)`.
+
+    The tune calls below use workers=1, so builds happen in this process and see the patch;
+    the mutated module hashes differently, so it never shares a cache entry with a good one."""
+    import tvm
+
+    real = build.Variant.scheduled_module
+
+    def scheduled_module(self):
+        module, plan = real(self)
+        if self.knobs.get(knob) != value:
+            return module, plan
+        return tvm.IRModule({gv.name_hint: f.with_body(mutate(f)) for gv, f in module.functions.items()}), plan
+
+    monkeypatch.setattr(build.Variant, "scheduled_module", scheduled_module)
+
+
+def does_nothing(func):
+    """The kernel returns at once: its output keeps whatever it held (NaN, in the tuner's check)."""
+    from tvm import tirx
+
+    return tirx.Evaluate(tirx.const(0, "int32"))
+
+
+def aborts(func):
+    """The kernel kills its process before doing anything (a crashing candidate)."""
+    from tvm import tirx
+
+    return tirx.SeqStmt([tirx.Evaluate(tirx.call_extern("int32", "abort")), func.body])
+
+
 def test_failing_candidate_is_recorded_and_skipped(tmp_path, model, monkeypatch):
     path = tmp_path / "tuning.jsonl"
     space = tune.search_space(OP, model)[:4]
     bad_tile = next(k["c_tile"] for k in space[1:] if k["c_tile"] != space[0]["c_tile"])
-    real_load = build._load
-
-    def corrupting_load(entry, names):
-        """Libraries built with c_tile == bad_tile write grad_features off by one."""
-        kernels = real_load(entry, names)
-        if build.manifest(entry)["knobs"]["c_tile"] != bad_tile:
-            return kernels
-
-        def wrong(fn):
-            def run(*args):
-                fn(*args)
-                args[-1][...] += 1.0  # the kernel's output argument
-            return run
-
-        return {name: wrong(fn) for name, fn in kernels.items()}
-
-    monkeypatch.setattr(build, "_load", corrupting_load)
+    sabotage(monkeypatch, "c_tile", bad_tile, does_nothing)
     result = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
     rows = rows_of(path)
-    assert len(rows) == 4
+    assert len(rows) == 4 and all(r["runner"] == "local" for r in rows)
     failed = [r for r in rows if r["status"] == "failed"]
     assert failed and all(r["knobs"]["c_tile"] == bad_tile for r in failed)
     assert all(not r["correct"] and r["median_s"] is None and "wrong result" in r["error"] for r in failed)
@@ -139,18 +155,22 @@ def test_failing_candidate_is_recorded_and_skipped(tmp_path, model, monkeypatch)
     assert records.best(OP, "float32", model, SHAPE_CLASS, path)["knobs"]["c_tile"] != bad_tile
 
 
-def test_crashing_candidate_is_recorded(tmp_path, model, monkeypatch):
+def test_crashing_candidate_is_recorded_and_the_run_goes_on(tmp_path, model, monkeypatch):
     path = tmp_path / "tuning.jsonl"
-
-    def crashing_launch(self, kernels, problem, tensors):
-        raise RuntimeError("kernel crashed")
-
-    monkeypatch.setattr(type(OP), "launch", crashing_launch)
-    tune.tune(OP, "float32", model, CASE, trials=2, records_path=path, repeat=3, workers=1)
+    space = tune.search_space(OP, model)[:4]
+    bad_tile = next(k["c_tile"] for k in space[1:] if k["c_tile"] != space[0]["c_tile"])
+    # the candidate calls abort(): it kills the measuring child process, not the tuner
+    sabotage(monkeypatch, "c_tile", bad_tile, aborts)
+    tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
     rows = rows_of(path)
-    assert [r["status"] for r in rows] == ["failed", "failed"]
-    assert all("kernel crashed" in r["error"] for r in rows)
-    assert records.best(OP, "float32", model, SHAPE_CLASS, path) is None
+    assert len(rows) == 4
+    crashed = [r for r in rows if r["knobs"]["c_tile"] == bad_tile]
+    assert crashed and all(r["status"] == "failed" and r["error"] and not r["correct"] for r in crashed)
+    assert all("crashed the measuring process" in r["error"] for r in crashed)
+    # candidates measured after the crash, by a fresh child process, still count
+    after = rows[rows.index(crashed[0]) + 1:]
+    assert all(r["status"] == "ok" for r in rows if r["knobs"]["c_tile"] != bad_tile)
+    assert any(r["status"] == "ok" for r in after) or rows[-1] in crashed
 
 
 def test_policy_pruned_candidates(tmp_path, model, monkeypatch):
@@ -263,16 +283,29 @@ def test_rpc_tune_through_tracker(tmp_path, rpc_tracker):
     assert local.new == 1 and local.records[0]["runner"] == "local"
 
 
-def test_rpc_not_supported_for_host_workspaces():
+def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
     from tvm_ops import checks, runner
     from tvm_ops.errors import NotSupportedError
 
-    op = get("border_align_backward")
-    case = next(c for c in op.spec.cases if c.expect == "ok")
-    inputs, params = op.make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
-    problem = checks.check(op.spec, inputs, params, {}, op.rules)
-    with pytest.raises(NotSupportedError, match="cannot run over RPC"):
-        tune.trace_launch(op, problem)
-    calls = tune.trace_launch(OP, checks.check(OP.spec, *OP.make_inputs(
-        next(c for c in OP.spec.cases if c.name == CASE), "float32", np.random.default_rng(0)), {}, OP.rules))
+    def traced(op, case_name=None, **extra):
+        case = next(c for c in op.spec.cases if c.expect == "ok" and (case_name is None or c.name == case_name))
+        case = case if not extra else __import__("dataclasses").replace(case, extra=dict(case.extra, **extra))
+        inputs, params = op.make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
+        problem = checks.check(op.spec, inputs, params, {}, op.rules)
+        return tune.trace_launch(op, problem, op.plan(targets.resolve("llvm"), op.schedules["llvm"].defaults)), \
+            problem
+
+    calls, _ = traced(OP, CASE)
     assert [name for name, _ in calls] == list(OP.kernel_names)
+    # dynamic_scatter's max traceback workspace is declared, so it is a placeholder like the tensors
+    scatter = get("dynamic_scatter_backward")
+    calls, problem = traced(scatter, reduce_type="max")
+    assert [name for name, _ in calls] == ["max_init", "max_traceback", "max_scatter"]
+    assert "reduce_from" in {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
+
+    def allocating_launch(self, kernels, problem, tensors):  # a workspace launch makes on the host
+        kernels[self.kernel_names[0]](np.empty(4, np.float32))
+
+    monkeypatch.setattr(type(OP), "launch", allocating_launch)
+    with pytest.raises(NotSupportedError, match="cannot run over RPC"):
+        traced(OP, CASE)

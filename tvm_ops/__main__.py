@@ -104,7 +104,7 @@ def cmd_tune(args) -> int:
     if args.rpc_tracker or args.rpc_key:
         if not (args.rpc_tracker and args.rpc_key):
             raise BadParamError("--rpc-tracker and --rpc-key go together")
-        rpc = tune.RpcRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
+        rpc = tune.TrackerRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
     else:
         targets.require_runnable(model)  # measured here: the target must run on this machine
     name = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")

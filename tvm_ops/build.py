@@ -185,15 +185,29 @@ def kernels(op, dtype: str, model: targets.TargetModel, shape_class: str | None 
             entry, _ = find_entry(variant)
             if entry is None:
                 entry = build_entry(variant, cache_dir())
-            _loaded[key] = _load(entry, op.kernel_names)
+            _loaded[key] = _load(entry, op.kernel_names, op.plan(model, variant.knobs))
         return _loaded[key]
 
 
-def _load(entry: Path, names) -> dict:
+class Kernels(dict):
+    """{kernel name: callable} of one library, and the plan (tile sizes, knobs) it was built with:
+    launch reads what it must match from `plan` (e.g. which kernel set a knob selected)."""
+
+    plan: dict | None = None
+
+
+def load(entry: Path, op, model: targets.TargetModel) -> Kernels:
+    """The kernels of a built library directory, with the plan of the knobs in its manifest."""
+    return _load(entry, op.kernel_names, op.plan(model, manifest(entry)["knobs"]))
+
+
+def _load(entry: Path, names, plan: dict | None = None) -> Kernels:
     import tvm
 
     lib = tvm.runtime.load_module(str(entry / "lib.so"))
-    return {name: lib[name] for name in names}
+    kernels = Kernels({name: lib[name] for name in names})
+    kernels.plan = plan
+    return kernels
 
 
 def manifest(entry: Path) -> dict:

@@ -5,11 +5,24 @@ seeded random order without repetition, the hand-tuned default first (the
 baseline). A candidate whose plan() raises (the policy's on-chip budget,
 divisibility, ...) is recorded as pruned before anything is built. The others
 are built in parallel processes into the library cache, then measured one at a
-time in this process: the exact library is loaded, run once on the case's
-inputs and checked against the float64 reference with the spec's thresholds,
-and only a correct library is timed (median and interquartile spread of
-single runs through op.launch on pre-allocated tensors). Crashes and wrong
-results are recorded as failed and the run goes on.
+time. By default (LocalWorker) that happens in a child process, TVM's
+PopenWorker (what meta_schedule's LocalRunner measures in), holding the case's
+inputs and reference: a candidate that crashes or hangs kills only the child,
+which is started again for the next one. The exact library is loaded, run once
+on outputs pre-filled with NaN (unwritten elements fail) and checked against
+the float64 reference with the spec's thresholds, and only a correct library
+is timed (median and interquartile spread of single runs of op.launch on
+pre-allocated tensors). Crashes, timeouts and wrong results are recorded as
+failed and the run goes on.
+
+With `--rpc-tracker HOST:PORT --rpc-key KEY` (TrackerRunner, RpcHarness) the
+measuring moves to a server obtained from TVM's RPC tracker: the library is
+uploaded and loaded remotely, the case's inputs are copied to remote tensors,
+the kernel calls op.launch makes (traced on the host with tensor placeholders,
+see trace_launch) are replayed on them, the result is checked against the
+reference, and every call is timed with the remote time_evaluator. A launch
+that does anything but call kernels on its tensors and declared workspaces
+(host-side views or fills) raises NotSupportedError there.
 
 Records are JSON lines appended as they come (records.records_path() by
 default); a trial whose (op, dtype, target, shape class, knobs) already has a
@@ -18,15 +31,8 @@ The shape class (records.shape_class: sizes and parameters bucketed to powers
 of two) is what calls dispatch by: build.default_variant() picks the best
 correct record of the call's class, else the hand-tuned default.
 
-With an RpcRunner (`--rpc-tracker HOST:PORT --rpc-key KEY`) the measuring
-moves to a server obtained from TVM's RPC tracker: each built lib.so is
-uploaded and loaded remotely, the case's inputs are copied to remote tensors,
-the kernel calls that op.launch makes (traced once on the host with tensor
-placeholders) are replayed on them, the remote result is checked against the
-reference, and every call is timed with the remote module's time_evaluator.
-An op whose launch needs host-side workspaces, views or fills cannot be
-replayed remotely and raises NotSupportedError. Records carry "runner":
-"local" or "rpc:<key>"; a resumed run only reuses records of its own runner.
+Records carry "runner": "local" or "rpc:<key>": a resumed run only reuses
+records of its own runner, and calls dispatch to local ones only.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import logging
 import multiprocessing
 import statistics
 import time
@@ -47,6 +54,8 @@ import numpy as np
 from . import bench, build, checks, interop, records, runner
 from .errors import BadParamError, NotSupportedError
 from .targets import TargetModel
+
+log = logging.getLogger(__name__)
 
 
 def knobs_key(knobs: dict) -> str:
@@ -137,6 +146,7 @@ class Harness:
                                                            op._dtype_of(t, self.problem), zero=True)
         self.tensors = {name: interop.contiguous(info) for name, info in self.problem.inputs.items()}
         self.tensors.update(self.results)
+        self.workspaces_for = None  # the plan the workspaces in self.tensors were allocated for
         self.reference = op.reference(inputs, params)
         self.sync = None
         if model.kind == "cuda":
@@ -144,7 +154,10 @@ class Harness:
 
             self.sync = torch.cuda.synchronize
 
-    def run(self, kernels: dict) -> None:
+    def run(self, kernels: build.Kernels) -> None:
+        if self.workspaces_for != knobs_key(kernels.plan or {}):
+            self.tensors.update(self.op.allocate_workspaces(self.problem, kernels.plan))
+            self.workspaces_for = knobs_key(kernels.plan or {})
         for name in self.op.zero_filled_outputs:
             interop.zero(self.results[name])
         self.op.launch(kernels, self.problem, self.tensors)
@@ -184,11 +197,12 @@ class _Ref:
         return f"<tensor {self.name}>"
 
 
-def trace_launch(op, problem: checks.Problem) -> list[tuple[str, tuple]]:
+def trace_launch(op, problem: checks.Problem, plan: dict) -> list[tuple[str, tuple]]:
     """[(kernel name, args)] that op.launch makes on `problem`; an arg is a _Ref or a scalar.
 
     Raises NotSupportedError when launch does anything but call kernels with its given
-    tensors and scalars (host workspaces, reshaped views, host-side fills).
+    tensors (inputs, outputs, declared workspaces) and scalars: reshaped views, host-side
+    fills, workspaces it allocates itself.
     """
     calls = []
 
@@ -200,9 +214,12 @@ def trace_launch(op, problem: checks.Problem) -> list[tuple[str, tuple]]:
             calls.append((name, args))
         return call
 
-    tensors = {name: _Ref(name) for name in list(problem.inputs) + [t.name for t in op.spec.outputs]}
+    names = list(problem.inputs) + [t.name for t in op.spec.outputs] + list(op.workspaces(problem, plan))
+    tensors = {name: _Ref(name) for name in names}
+    recorders = build.Kernels({name: recorder(name) for name in op.kernel_names})
+    recorders.plan = plan
     try:
-        op.launch({name: recorder(name) for name in op.kernel_names}, problem, tensors)
+        op.launch(recorders, problem, tensors)
     except NotSupportedError as exc:
         raise NotSupportedError(f"{op.name}: launch cannot run over RPC on this case ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - launch touched a placeholder as a host tensor
@@ -213,8 +230,61 @@ def trace_launch(op, problem: checks.Problem) -> list[tuple[str, tuple]]:
     return calls
 
 
-class RpcRunner:
-    """Measures candidates on a server that TVM's RPC tracker hands out for `key`."""
+def _worker_setup(op_name: str, case, dtype: str, model: TargetModel) -> None:
+    """In a LocalWorker's process: generate the case (the same seeded inputs) and its reference."""
+    from .ops import get
+
+    global _WORKER_HARNESS
+    _WORKER_HARNESS = Harness(get(op_name), case, dtype, model)
+
+
+def _worker_measure(entry: str, repeat: int, budget_s: float) -> tuple[str, float, float]:
+    harness = _WORKER_HARNESS
+    kernels = build.load(Path(entry), harness.op, harness.model)
+    problems = harness.check(kernels)
+    if problems:
+        return problems, 0.0, 0.0
+    return ("", *harness.time(kernels, repeat, budget_s))
+
+
+_WORKER_HARNESS = None
+
+
+class LocalWorker:
+    """The default: candidates are measured in a child process, TVM's PopenWorker (the process
+    meta_schedule's LocalRunner measures in), which holds the case's inputs and reference.
+
+    A candidate that crashes (a segfault, an abort in a kernel) or hangs past the timeout
+    takes down only the child: the tuner records it as failed and the next candidate gets a
+    fresh child, set up again from the same seeded case."""
+
+    name = "local"
+
+    def __init__(self, op, case, dtype: str, model: TargetModel, timeout: float):
+        from tvm.support.popen_pool import PopenWorker
+
+        self.timeout = timeout
+        self.worker = PopenWorker(initializer=_worker_setup, initargs=(op.name, case, dtype, model))
+
+    def measure(self, entry: Path, repeat: int) -> tuple[str, float, float]:
+        """('' or why the result is wrong, median s, interquartile spread s) of one library."""
+        budget = min(self.timeout, 10.0)
+        self.worker.send(_worker_measure, (str(entry), repeat, budget), timeout=self.timeout + budget)
+        try:
+            return self.worker.recv()
+        except ChildProcessError:
+            self.worker.kill()
+            raise ChildProcessError("the candidate crashed the measuring process") from None
+        except TimeoutError:
+            self.worker.kill()
+            raise TimeoutError(f"the candidate ran past {self.timeout + budget:g} s") from None
+
+    def close(self) -> None:
+        self.worker.kill()
+
+
+class TrackerRunner:
+    """Measures on a server that TVM's RPC tracker at HOST:PORT hands out for `key` (a remote board)."""
 
     def __init__(self, tracker: str, key: str, timeout: float = 60.0):
         host, _, port = tracker.rpartition(":")
@@ -249,20 +319,22 @@ class RpcRunner:
 class RpcHarness:
     """One case's host inputs and reference, and the kernel calls of launch to replay remotely."""
 
-    def __init__(self, op, case, dtype: str, model: TargetModel, rpc: RpcRunner, prepared: Prepared | None = None):
+    def __init__(self, op, case, dtype: str, model: TargetModel, rpc: TrackerRunner,
+                 prepared: Prepared | None = None):
         self.op, self.model, self.dtype, self.rpc = op, model, dtype, rpc
         prepared = prepared or prepare(op, case, dtype)
         (inputs, params), problem = prepared.generated, prepared.problem
         if model.kind == "cuda":  # launch takes its device path; tensors stay placeholders
             problem = dataclasses.replace(problem, kind="torch", device="cuda")
-        self.calls = trace_launch(op, problem)
+        self.problem = problem
+        trace_launch(op, problem, op.plan(model, op.schedules[model.kind].defaults))  # replayable at all?
         self.host = {name: np.ascontiguousarray(interop.contiguous(info)) for name, info in problem.inputs.items()}
         self.outputs = {}
         for t in op.spec.outputs:
             shape = checks.output_shape(op.spec, t.name, problem.sizes)
             self.outputs[t.name] = np.zeros(shape, op._dtype_of(t, problem))
         self.reference = op.reference(inputs, params)
-        self.remote, self.remote_sess = None, None
+        self.remote, self.remote_sess, self.uploads = None, None, 0
         rpc.session()  # no tracker or no server for the key: fail before any build
 
     def _device(self, sess):
@@ -278,7 +350,14 @@ class RpcHarness:
             self.remote = {k: tvm.runtime.tensor(v, dev) for k, v in self.host.items()}
             self.remote.update({k: tvm.runtime.tensor(v, dev) for k, v in self.outputs.items()})
             self.remote_sess = sess
-        name = f"{entry.name}.so"
+        plan = self.op.plan(self.model, build.manifest(entry)["knobs"])
+        calls = trace_launch(self.op, self.problem, plan)  # the knobs may choose the kernels
+        for name, (shape, dtype) in self.op.workspaces(self.problem, plan).items():
+            if name not in self.remote or tuple(self.remote[name].shape) != tuple(shape):
+                self.remote[name] = tvm.runtime.empty(shape, dtype, dev)
+        # a fresh name per upload: overwriting a library the server has loaded would crash it
+        self.uploads += 1
+        name = f"{entry.name}-{self.uploads}.so"
         sess.upload(str(entry / "lib.so"), target=name)
         lib = sess.load_module(name)
         for out_name, value in self.outputs.items():  # poisoned outputs: unwritten elements fail
@@ -286,7 +365,7 @@ class RpcHarness:
                 else np.nan
             self.remote[out_name].copyfrom(np.full(value.shape, fill, value.dtype))
         args = [(kernel, [self.remote[a.name] if isinstance(a, _Ref) else a for a in call_args])
-                for kernel, call_args in self.calls]
+                for kernel, call_args in calls]
         for kernel, call_args in args:
             lib[kernel](*call_args)
         dev.sync()
@@ -297,8 +376,9 @@ class RpcHarness:
         n = max(3, repeat)
         total = np.zeros(n)
         for kernel, call_args in args:  # one remote evaluator per kernel call, summed run by run
-            evaluator = lib.time_evaluator(kernel, dev, number=1, repeat=n)
-            total += np.asarray(evaluator(*call_args).results, dtype=np.float64)[:n]
+            # the first repeat wakes the server's thread pool and caches: dropped
+            evaluator = lib.time_evaluator(kernel, dev, number=1, repeat=n + 1)
+            total += np.asarray(evaluator(*call_args).results, dtype=np.float64)[1:n + 1]
         times = list(total)
         q1, _, q3 = statistics.quantiles(times, n=4)
         return "", statistics.median(times), q3 - q1
@@ -321,10 +401,11 @@ def _best(records: list) -> dict | None:
 
 def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_path: Path | None = None,
          timeout: float = 60.0, repeat: int = 10, workers: int = 2, seed: int = 0, progress: bool = False,
-         batch: int = 4, rpc: RpcRunner | None = None) -> TuneResult:
+         batch: int = 4, rpc: TrackerRunner | None = None) -> TuneResult:
     """Tune `op`'s knobs for (dtype, model) on spec case `case` (a spec.Case or its name).
 
-    `rpc` measures on a server from TVM's RPC tracker instead of in this process.
+    Candidates are measured in a LocalWorker process, or with `rpc` (a TrackerRunner)
+    on a server from TVM's RPC tracker.
     """
     import tvm
 
@@ -332,7 +413,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
         case = next((c for c in op.spec.cases if c.name == case), None) or _no_case(op, case)
     prepared = prepare(op, case, dtype)
     path = Path(records_path) if records_path else records.records_path()
-    runner_name = rpc.name if rpc is not None else "local"
+    runner_name = rpc.name if rpc is not None else LocalWorker.name
     head = {"op": op.name, "dtype": dtype, "target": model.key, "shape_class": prepared.shape_class}
     done = {knobs_key(r["knobs"]): r for r in records.read(path)
             if all(r.get(k) == v for k, v in head.items()) and r.get("runner", "local") == runner_name}
@@ -376,7 +457,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
     harness = None
     if todo:
         harness = (RpcHarness(op, case, dtype, model, rpc, prepared) if rpc is not None
-                   else Harness(op, case, dtype, model, prepared))
+                   else LocalWorker(op, case, dtype, model, timeout))
     cache = build.cache_dir()
     pool = None
     if workers > 1 and len(todo) > 1:
@@ -401,6 +482,8 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
                     bar.update(1)
                     _postfix(bar, result)
     finally:
+        if isinstance(harness, LocalWorker):
+            harness.close()
         if bar is not None:
             bar.close()
         if pool is not None:
@@ -415,29 +498,20 @@ def _no_case(op, name):
 
 
 def _measure(op, dtype, model, harness, record, job, timeout, repeat) -> None:
+    """Build (or await the build of) one candidate, then check and time it with `harness`."""
     record["status"] = "failed"
     try:
         entry = Path(job.result(timeout=timeout) if isinstance(job, cf.Future) else _build_one(*job))
-        if isinstance(harness, RpcHarness):
-            try:
-                problems, median, spread = harness.measure(entry, repeat)
-            except Exception:
+        try:
+            problems, median, spread = harness.measure(entry, repeat)
+        except Exception:
+            if isinstance(harness, RpcHarness):
                 harness.rpc.drop()  # the server may have died with the candidate: ask for a fresh one
-                raise
-            if problems:
-                record["error"] = f"wrong result: {problems}"
-            else:
-                record.update(correct=True, median_s=median, spread_s=spread, status="ok")
-            record["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            return
-        kernels = build._load(entry, op.kernel_names)
-        problems = harness.check(kernels)
+            raise
         if problems:
             record["error"] = f"wrong result: {problems}"
         else:
-            record["correct"] = True
-            record["median_s"], record["spread_s"] = harness.time(kernels, repeat, min(timeout, 10.0))
-            record["status"] = "ok"
+            record.update(correct=True, median_s=median, spread_s=spread, status="ok")
     except cf.TimeoutError:
         record["error"] = f"build did not finish in {timeout:g} s"
     except Exception as exc:  # noqa: BLE001 - a crashing candidate is recorded and skipped

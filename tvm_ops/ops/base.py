@@ -41,7 +41,17 @@ class Operator:
     def schedule(self, sch, kernel: str, model: targets.TargetModel, plan: dict) -> None:
         getattr(self.recipe, model.kind)(sch, kernel, model, plan)
 
+    def workspaces(self, problem: checks.Problem, plan: dict) -> dict:
+        """{name: (shape, dtype)}: scratch tensors launch finds in `tensors`, uninitialised.
+
+        Declared rather than allocated inside launch, so the tuner can allocate them once
+        and replay launch's kernel calls on a remote device."""
+        return {}
+
     def launch(self, kernels: dict, problem: checks.Problem, tensors: dict) -> None:
+        """Call the kernels on `tensors`: the inputs, the outputs and the workspaces, by name.
+
+        `kernels.plan` is the plan of the library the kernels come from."""
         raise NotImplementedError
 
     # --- testing and benchmarking ---------------------------------------------
@@ -88,8 +98,13 @@ class Operator:
             interop.zero(results[name])
         tensors = {name: interop.contiguous(info) for name, info in problem.inputs.items()}
         tensors.update(results)
+        tensors.update(self.allocate_workspaces(problem, kernels.plan))
         self.launch(kernels, problem, tensors)
         return self._returned(results)
+
+    def allocate_workspaces(self, problem: checks.Problem, plan: dict) -> dict:
+        return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=False)
+                for name, (shape, dtype) in self.workspaces(problem, plan).items()}
 
     def _dtype_of(self, tensor_spec, problem) -> str:
         while tensor_spec.dtype_of is not None:

@@ -199,9 +199,14 @@ class DynamicScatterBackward(Operator):
     def computes(self, dtype, plan, model):
         return kernel_computes(dtype)
 
-    def launch(self, kernels, problem, tensors):
-        from .. import interop
+    def workspaces(self, problem, plan):
+        if problem.params["reduce_type"] != "max" or problem.notes["voxel_num"] == 0:
+            return {}
+        # the traceback: the index of the first point reaching each (voxel, channel) maximum,
+        # M*C*4 bytes (mlu-ops uses N*C*4)
+        return {"reduce_from": ((problem.sizes["M"], problem.sizes["C"]), "int32")}
 
+    def launch(self, kernels, problem, tensors):
         voxel_num = problem.notes["voxel_num"]
         reduce_type = problem.params["reduce_type"]
         out = tensors["grad_feats"]
@@ -210,10 +215,8 @@ class DynamicScatterBackward(Operator):
             return
         p2v, g = tensors["point2voxel_map"], tensors["grad_voxel_feats"]
         if reduce_type == "max":
-            M, C, N = problem.sizes["M"], problem.sizes["C"], problem.sizes["N"]
-            # the traceback workspace: M*C*4 bytes (mlu-ops uses N*C*4)
-            reduce_from = interop.empty_like_kind(problem.kind, problem.device, (M, C), "int32", zero=False)
-            kernels["max_init"](reduce_from, N)
+            reduce_from = tensors["reduce_from"]
+            kernels["max_init"](reduce_from, problem.sizes["N"])
             kernels["max_traceback"](tensors["feats"], tensors["voxel_feats"], p2v, reduce_from, voxel_num)
             kernels["max_scatter"](g, reduce_from, p2v, out, voxel_num)
         elif reduce_type == "sum":
