@@ -1,5 +1,6 @@
 """voxel_pooling_forward: spec cases, properties, edges, NaN, determinism, checks and interop."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,20 +11,60 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics
+from tvm_ops import build, metrics, runner, targets
 from tvm_ops.ops.voxel_pooling_forward import OP
 
 from .conftest import requires_torch
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
+ALGORITHMS = OP.schedules["llvm"].candidates["algorithm"]  # owner, sort
+
+
+def use_algorithm(monkeypatch, algorithm: str) -> None:
+    """Make `algorithm` the CPU default for this test: the library calls load and the kernel
+    set launch runs both follow build.default_variant (tuning records are kept out)."""
+    llvm = OP.schedules["llvm"]
+    patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, algorithm=algorithm))
+    monkeypatch.setattr(OP, "schedules", dict(OP.schedules, llvm=patched))
+    monkeypatch.setenv("TVM_OPS_RECORDS", os.devnull)
+    assert build.default_variant(OP, "float32", targets.resolve("llvm")).knobs["algorithm"] == algorithm
+
+
+@pytest.fixture(params=ALGORITHMS)
+def algorithm(request, monkeypatch):
+    use_algorithm(monkeypatch, request.param)
+    return request.param
 
 
 
 def test_network_case_has_a_reduced_twin_in_the_suite():
     heavy = [c for c in OP.spec.cases if c.heavy]
-    assert [c.shape for c in heavy] == [{"B": 2, "N": 473088, "C": 80, "X": 128, "Y": 128, "Z": 1}]
+    assert [c.shape for c in heavy] == [{"B": b, "N": 473088, "C": 80, "X": 128, "Y": 128, "Z": 1} for b in (2, 1)]
     twins = [c for c in OP.spec.cases if c.set == "network" and not c.heavy]
-    assert twins and all(c.shape["C"] == 80 and c.shape["X"] == 128 for c in twins)
+    assert [c.shape["B"] for c in twins] == [2, 1]
+    assert all(c.shape["C"] == 80 and c.shape["X"] == 128 for c in twins)
+
+
+SPEC_CASES = [c for c in OP.spec.cases if not c.heavy]
+
+
+@pytest.mark.parametrize("case", SPEC_CASES, ids=[c.name for c in SPEC_CASES])
+def test_spec_cases_with_every_algorithm(algorithm, case):
+    result = runner.run_case(OP, case, "float32", targets.resolve("llvm"))
+    assert result.verdict == "pass", result.detail
+
+
+def test_both_algorithms_give_the_same_bits(monkeypatch):
+    """Both add each voxel's points from zero in point order: identical sums, so the choice
+    between them can never change a result."""
+    geom, feat = inputs(2, 5000, 37, 9, 7, 2, spill=3, z_spill=1, seed=5)
+    results = []
+    for name in ALGORITHMS:
+        use_algorithm(monkeypatch, name)
+        out, memo = tvm_ops.voxel_pooling_forward(geom, feat, 9, 7, 2)
+        check(geom, feat, 9, 7, 2, (out, memo))
+        results.append(out.tobytes() + memo.tobytes())
+    assert len(ALGORITHMS) == 2 and results[0] == results[1]
 
 
 def inputs(b, n, c, x, y, z, spill=0, z_spill=0, seed=0):
@@ -48,16 +89,17 @@ def check(geom, feat, x, y, z, result):
     assert metrics.accuracy(np.asarray(out), ref_out, "float32").failures(OP.spec.accuracy["float32"]) == []
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(b=st.integers(1, 3), n=st.integers(1, 400), c=st.integers(1, 45), x=st.integers(1, 12),
        y=st.integers(1, 12), z=st.integers(1, 4), spill=st.integers(0, 20), z_spill=st.integers(0, 3),
        seed=st.integers(0, 2**16))
-def test_random_shapes_with_many_out_of_range_points(b, n, c, x, y, z, spill, z_spill, seed):
+def test_random_shapes_with_many_out_of_range_points(algorithm, b, n, c, x, y, z, spill, z_spill, seed):
     geom, feat = inputs(b, n, c, x, y, z, spill, z_spill, seed)
     check(geom, feat, x, y, z, tvm_ops.voxel_pooling_forward(geom, feat, x, y, z))
 
 
-def test_zero_coordinates_are_valid_and_the_far_edges_are_not():
+def test_zero_coordinates_are_valid_and_the_far_edges_are_not(algorithm):
     X, Y, Z = 5, 4, 3
     points = [  # (x, y, z), kept?
         (0, 0, 0, True), (X - 1, Y - 1, Z - 1, True), (0, 2, 1, True), (3, 0, 1, True), (3, 2, 0, True),
@@ -77,7 +119,7 @@ def test_zero_coordinates_are_valid_and_the_far_edges_are_not():
     assert out[0, 0, 0].tolist() == feat[0, 0].tolist()  # x = y = z = 0 lands in voxel (0, 0)
 
 
-def test_extreme_int32_coordinates_write_nothing():
+def test_extreme_int32_coordinates_write_nothing(algorithm):
     X, Y, Z = 3, 3, 2
     values = np.array([I32_MIN, I32_MIN + 1, -1, 3, 2**30, I32_MAX], np.int32)
     grid = np.stack(np.meshgrid(values, values, values, indexing="ij"), -1).reshape(1, -1, 3)
@@ -95,7 +137,7 @@ def test_extreme_int32_coordinates_write_nothing():
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_nan_propagates_to_exactly_its_voxel(bad):
+def test_nan_propagates_to_exactly_its_voxel(algorithm, bad):
     X, Y, Z, C = 6, 5, 2, 21  # C = 16 + a tail of 5
     geom, feat = inputs(2, 300, C, X, Y, Z, spill=2, z_spill=1, seed=3)
     geom[1, 7] = (0, 4, 1)      # a kept point
@@ -116,9 +158,14 @@ def test_nan_propagates_to_exactly_its_voxel(bad):
     np.testing.assert_allclose(out[keep], ref_out[keep], rtol=1e-5, atol=1e-5)
 
 
-# --- determinism: owner computes sums every voxel in point order ----------------------
+# --- determinism: both algorithms sum every voxel in point order ----------------------
 DETERMINISM_CHILD = """
-import hashlib, numpy as np, tvm, tvm_ops
+import dataclasses, hashlib, os, numpy as np, tvm, tvm_ops
+from tvm_ops.ops.voxel_pooling_forward import OP
+if os.environ.get("VOXEL_ALGORITHM"):  # a child process: the parent's choice of kernel set
+    llvm = OP.schedules["llvm"]
+    OP.schedules = dict(OP.schedules, llvm=dataclasses.replace(
+        llvm, defaults=dict(llvm.defaults, algorithm=os.environ["VOXEL_ALGORITHM"])))
 rng = np.random.default_rng(11)
 geom = np.stack([rng.integers(-2, 6, (3, 40000)), rng.integers(-2, 5, (3, 40000)),
                  rng.integers(0, 2, (3, 40000))], -1).astype(np.int32)
@@ -128,8 +175,9 @@ print(tvm.runtime.num_threads(), hashlib.sha256(out.tobytes() + memo.tobytes()).
 """
 
 
-def _child_digest(threads: int) -> tuple[int, str]:
-    env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+def _child_digest(threads: int, algorithm: str) -> tuple[int, str]:
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               VOXEL_ALGORITHM=algorithm, TVM_OPS_RECORDS=os.devnull)
     done = subprocess.run([sys.executable, "-c", DETERMINISM_CHILD], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -137,11 +185,11 @@ def _child_digest(threads: int) -> tuple[int, str]:
     return int(used), digest
 
 
-def test_same_bits_on_every_run_and_thread_count():
+def test_same_bits_on_every_run_and_thread_count(algorithm):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one core: TVM caps its pool at the cores, so no second thread count exists")
-    one = _child_digest(1)
-    two = _child_digest(2)
+    one = _child_digest(1, algorithm)
+    two = _child_digest(2, algorithm)
     assert one[0] == 1 and two[0] == 2  # the children really ran with different pools
     assert one[1] == two[1]
     namespace = {}
@@ -172,7 +220,7 @@ def test_one_kernel_serves_many_shapes():
 
 
 # --- out= ----------------------------------------------------------------------
-def test_out_pair_is_written_in_place_over_garbage():
+def test_out_pair_is_written_in_place_over_garbage(algorithm):
     geom, feat = inputs(2, 200, 19, 6, 5, 2, spill=2, z_spill=1)
     out = np.full((2, 5, 6, 19), np.nan, np.float32)  # the kernels must overwrite every element
     memo = np.full((2, 200, 3), 99, np.int32)

@@ -6,9 +6,11 @@ A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
     pos_memo[b, n] = (b, y, x) if kept else (-1, -1, -1)
 Contract: specs/voxel_pooling_forward.yaml.
 
-Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), `pool`
-(channels [0, C // V * V)) and `pool_tail` (channels [C // V * V, C), launched
-only when C % V != 0). Coordinates of any int32 value are tested before the
+Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the
+default path `pool` (channels [0, C // V * V)) and `pool_tail` (channels
+[C // V * V, C), launched only when C % V != 0); with the CPU knob `algorithm: sort`
+`sort_points` and `segment_sum` instead (the BEVPool route; same bits, measured slower:
+schedules/voxel_pooling_forward.yaml). Coordinates of any int32 value are tested before the
 store, so nothing outside output_features is ever written.
 
 - llvm (owner computes, no atomics): the scatter is written as a reduction
@@ -113,6 +115,90 @@ def _pool_tail(dtype: str, V: int):
     return pool_tail
 
 
+def _sort_points():
+    """Stable counting sort of each batch's kept points by voxel v = y * X + x.
+
+    One owner per batch (start[b, :] and order[b, :] are its own rows). Histogram:
+    start[b, v + 1] = points in voxel v; exclusive prefix sum: start[b, v + 1] = first
+    slot of voxel v; placement in point order: order[b, start[b, v + 1]++] = n. After
+    placement start[b, v + 1] is the end of voxel v, i.e. voxel v's points are
+    order[b, start[b, v]:start[b, v + 1]], in increasing n (stable)."""
+
+    @T.prim_func(s_tir=True)
+    def sort_points(geom_h: T.handle, start_h: T.handle, order_h: T.handle, X: T.int32, Y: T.int32,
+                    Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N, V1 = T.int32(), T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        start = T.match_buffer(start_h, (B, V1), "int32")  # V1 = Y * X + 1
+        order = T.match_buffer(order_h, (B, N), "int32")
+        for b in range(B):
+            with T.sblock("sort_points"):
+                vb = T.axis.spatial(B, b)
+                T.reads(geom[vb, 0:N, 0:3])  # start[vb] is zeroed here before it is read
+                T.writes(start[vb, 0:V1], order[vb, 0:N])
+                running = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                for v in range(V1):
+                    start[vb, v] = 0
+                for n in range(N):
+                    x: T.let[T.int32] = geom[vb, n, 0]
+                    y: T.let[T.int32] = geom[vb, n, 1]
+                    z: T.let[T.int32] = geom[vb, n, 2]
+                    if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                        start[vb, y * X + x + 1] = start[vb, y * X + x + 1] + 1
+                running[0] = 0
+                for v in range(V1 - 1):
+                    count: T.let[T.int32] = start[vb, v + 1]
+                    start[vb, v + 1] = running[0]
+                    running[0] = running[0] + count
+                for n in range(N):
+                    x: T.let[T.int32] = geom[vb, n, 0]
+                    y: T.let[T.int32] = geom[vb, n, 1]
+                    z: T.let[T.int32] = geom[vb, n, 2]
+                    if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                        slot: T.let[T.int32] = start[vb, y * X + x + 1]
+                        order[vb, slot] = n
+                        start[vb, y * X + x + 1] = slot + 1
+    return sort_points
+
+
+def _segment_sum(dtype: str, V: int):
+    """Each voxel (b, y, x) owns its output row: zero it, then add the feature rows of its
+    points order[b, start[v]:start[v + 1]] in that (point) order, channels [0, C // V * V)
+    in V-wide vectors and the C % V tail after them. The sums are the owner kernel's bits:
+    the same additions from zero in the same point order."""
+    zero = tvm.tirx.const(0, dtype)
+
+    @T.prim_func(s_tir=True)
+    def segment_sum(feat_h: T.handle, start_h: T.handle, order_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, N, C, Y, X, V1 = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        feat = T.match_buffer(feat_h, (B, N, C), dtype)
+        start = T.match_buffer(start_h, (B, V1), "int32")
+        order = T.match_buffer(order_h, (B, N), "int32")
+        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+        for b, y, x in T.grid(B, Y, X):
+            with T.sblock("segment"):
+                vb, vy, vx = T.axis.remap("SSS", [b, y, x])
+                T.reads(start[vb, vy * X + vx:vy * X + vx + 2], order[vb, 0:N], feat[vb, 0:N, 0:C])
+                T.writes(out[vb, vy, vx, 0:C])
+                for c in range(C):
+                    out[vb, vy, vx, c] = zero
+                for k in range(start[vb, vy * X + vx], start[vb, vy * X + vx + 1]):
+                    n: T.let[T.int32] = order[vb, k]
+                    for c0, c1 in T.grid(C // V, V):
+                        with T.sblock("segment_add"):
+                            vc0, vc1 = T.axis.remap("SS", [c0, c1])
+                            T.reads(out[vb, vy, vx, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
+                            T.writes(out[vb, vy, vx, vc0 * V + vc1])
+                            out[vb, vy, vx, vc0 * V + vc1] = (out[vb, vy, vx, vc0 * V + vc1]
+                                                              + feat[vb, n, vc0 * V + vc1])
+                    for ct in range(C % V):
+                        out[vb, vy, vx, C // V * V + ct] = (out[vb, vy, vx, C // V * V + ct]
+                                                            + feat[vb, n, C // V * V + ct])
+    return segment_sum
+
+
 def _pool_atomic(dtype: str, V: int, tail: bool):
     """CUDA: every (b, n, c) adds its feature into the (zeroed) output with atomicAdd;
     channels [0, C // V * V) for `pool`, the C % V tail for `pool_tail`."""
@@ -164,36 +250,48 @@ def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
 
 class VoxelPoolingForward(Operator):
     name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", "pool", "pool_tail")
+    kernel_names = ("pos_memo", "pool", "pool_tail", "sort_points", "segment_sum")
 
     def plan(self, model, knobs):
         if model.kind == "cuda":
             return {"vec": CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
         # V = one SIMD register of float32 (16 on AVX-512, 8 on AVX2)
-        return {"vec": max(model.vector_bytes // 4, 4), "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
+        return {"vec": max(model.vector_bytes // 4, 4), "algorithm": knobs["algorithm"],
+                "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
                 "memo_chunk": int(knobs["memo_chunk"]), "unroll_points": int(knobs["unroll_points"])}
 
     def computes(self, dtype, plan, model):
         V = plan["vec"]
         if model.kind == "cuda":
+            # sort_points / segment_sum are built (every library has every kernel name) but the
+            # CUDA launch never calls them: it takes the atomic path
             return {"pos_memo": _pos_memo(), "pool": _pool_atomic(dtype, V, False),
-                    "pool_tail": _pool_atomic(dtype, V, True)}
-        return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V)}
+                    "pool_tail": _pool_atomic(dtype, V, True), "sort_points": _sort_points(),
+                    "segment_sum": _segment_sum(dtype, V)}
+        return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V),
+                "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
+
+    def workspaces(self, problem, plan):
+        if plan.get("algorithm") != "sort":
+            return {}
+        s = problem.sizes
+        # voxel boundaries [B, Y*X + 1] and the point indices sorted by voxel [B, N]
+        return {"voxel_start": ((s["B"], s["Y"] * s["X"] + 1), "int32"), "sorted_points": ((s["B"], s["N"]), "int32")}
 
     def launch(self, kernels, problem, tensors):
-        s, p = problem.sizes, problem.params
+        s, p, plan = problem.sizes, problem.params, kernels.plan
         geom, feat = tensors["geom_xyz"], tensors["input_features"]
         out, memo = tensors["output_features"], tensors["pos_memo"]
         if problem.device == "cuda":
             _zero(out)  # atomics accumulate into it; the llvm kernels zero their own slices
         kernels["pos_memo"](geom, memo, s["X"], s["Y"], p["num_voxel_z"])
+        if plan.get("algorithm") == "sort":
+            start, order = tensors["voxel_start"], tensors["sorted_points"]
+            kernels["sort_points"](geom, start, order, s["X"], s["Y"], p["num_voxel_z"])
+            kernels["segment_sum"](feat, start, order, out)
+            return
         kernels["pool"](geom, feat, out, p["num_voxel_z"])
-        vec = CUDA_VEC if problem.device == "cuda" else None
-        if vec is None:
-            from .. import targets
-
-            vec = max(targets.host_cpu().vector_bytes // 4, 4)
-        if s["C"] % vec:
+        if s["C"] % plan["vec"]:
             kernels["pool_tail"](geom, feat, out, p["num_voxel_z"])
 
     # --- testing and benchmarking ---------------------------------------------

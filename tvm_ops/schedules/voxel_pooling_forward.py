@@ -2,6 +2,24 @@
 
 
 def llvm(sch, kernel, model, plan):
+    if kernel == "sort_points":  # owner = a batch (its start/order rows); serial inside
+        (b,) = sch.get_loops(sch.get_sblock("sort_points"))
+        sch.parallel(b)
+        return
+    if kernel == "segment_sum":
+        # owner = a voxel: (b, y, x) fused over the thread pool; channel vectors per point
+        b, y, x = sch.get_loops(sch.get_sblock("segment"))
+        sch.parallel(sch.fuse(b, y, x))
+        add = sch.get_sblock("segment_add")
+        # out[v, c] += feat[n, c]: each lane reads and writes only its own element, so
+        # hiding the read of `out` (read 0) is safe and lets `vectorize` accept the block
+        sch.unsafe_hide_buffer_access(add, "read", [0])
+        _k, _c0, c1 = sch.get_loops(add)
+        lanes = model.lanes("float32")
+        if lanes < plan["vec"]:
+            _, c1 = sch.split(c1, [None, lanes])
+        sch.vectorize(c1)
+        return
     if kernel == "pos_memo":
         b, n, k = sch.get_loops(sch.get_sblock("pos_memo"))
         chunk, _ = sch.split(n, [None, plan["memo_chunk"]])
@@ -42,6 +60,18 @@ def llvm(sch, kernel, model, plan):
 
 
 def cuda(sch, kernel, model, plan):
+    if kernel == "sort_points":  # built so every library has every name; never launched on CUDA
+        bx, tx = sch.split(sch.get_loops(sch.get_sblock("sort_points"))[0], [None, 32])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        return
+    if kernel == "segment_sum":  # likewise; a thread per voxel
+        b, y, x = sch.get_loops(sch.get_sblock("segment"))
+        bx, tx = sch.split(sch.fuse(y, x), [None, plan["threads"]])
+        sch.bind(b, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        return
     # batch on blockIdx.y; (point, channel) fused and split over blockIdx.x / threadIdx.x with
     # a constant thread extent (the split's predicate guards the end), channels fastest so a
     # warp reads contiguous feature rows and adds into consecutive output words.
