@@ -8,20 +8,32 @@ channels for grad_attn_weight and grad_sampling_loc. Semantics (strict sample
 validity test, per-corner validity, w_l / h_l factors): SPEC_NOTES.md; the
 contract: specs/ms_deform_attn_backward.yaml.
 
-Kernels (symbolic B, K, H, C, L, Q, P), both in one library per (dtype, target):
-  grad_value    corner (b,h,q,l,p,k): row / bilinear weight of corner k of a
-                sample; grad_value (b,h,c spatial = owners; q,l,p,k reduction =
-                the sample corners that scatter into the (b,h) slice; T.init
-                zero-fills the slice, so every element is written).
-  grad_loc_attn corner (same macro, plus dw/dlw and dw/dlh per corner);
-                corner_dot (reduction over c): d_k = sum_c g[c] * v_k[c];
-                finalize: grad_attn = sum_k w_k d_k,
-                grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k),
-                the SPEC_NOTES formulas regrouped per corner.
-The CPU has two schedules of each (`*_private`: a (b, h)-private contiguous
-[K, C] copy of the slice), compiled into the same library; `launch` picks one
-by shape (`policy_llvm`). im2col_step only chunks the batch in mmcv / mlu-ops;
-the result does not depend on it, so the kernels ignore it (checked on the host).
+Kernels (symbolic B, K, H, C, L, Q, P): `backward` and `backward_private`, one
+library per (dtype, target), same arguments (the inputs, then the three outputs).
+  CPU (cpu_backward_compute): ONE pass over the samples computes all three
+      outputs. Owner computes: a parallel task owns a (batch, head) slice of
+      grad_value (rows of one (b, h) only receive samples of that (b, h)), walks
+      its samples in (q, l, p) order and, per corner row, does the scatter
+      grad_value[row] += w_k a g and the dot d_k = sum_c g v_k in the same
+      vectorised channel loop; then grad_attn = sum_k w_k d_k and
+      grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the SPEC_NOTES
+      formulas regrouped per corner). Deterministic, no atomics.
+      `backward_private` works on a contiguous [K, C] copy of the slice (picked by
+      shape, policy_llvm); `backward` zero-fills grad_value in one parallel pass
+      first. The kernel is written in its scheduled form: TensorIR's block rules
+      cannot fuse the scatter (a reduction block with an init) with the per-sample
+      channel dots, and the fused pass is what makes it fast (each random row is
+      read once, not twice).
+  CUDA (cuda_backward_compute, scheduled in schedules/): the same TensorIR blocks
+      as two nests (corner + scatter with atomicAdd; corner + corner_dot +
+      finalize) in one function, which TVM launches as two kernels; both names
+      hold it.
+im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
+on it, so the kernels ignore it (checked on the host).
+
+Precision: the sampling position is computed as the exact loc * h_l - 0.5
+rounded once to float32 (see _corner_macro); the channel dots and the
+grad_value accumulation are float32, in a fixed order per (b, h) slice.
 
 Safety: every value / grad_value access is guarded by corner validity AND
 0 <= row < K, so any finite sampling location, and inconsistent
@@ -39,7 +51,7 @@ from tvm.script import tirx as T
 from ..errors import BadParamError
 from .base import Operator
 
-KERNELS = ("grad_value", "grad_loc_attn")
+KERNELS = ("backward", "backward_private")
 
 
 # --------------------------------------------------------------------------
@@ -96,73 +108,39 @@ def _corner_macro(dtype: str):
     return corner
 
 
-def grad_value_compute(dtype: str):
+def _nest_macros(dtype: str):
+    """The CUDA kernel's two block nests (scatter; corner dots + finalize), as macros
+    over the buffers of the function that expands them."""
+    zero = tirx.const(0, dtype)
     corner = _corner_macro(dtype)
 
-    @T.prim_func(s_tir=True)
-    def grad_value(shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
-                   attn_h: T.handle, gout_h: T.handle, gv_h: T.handle):
-        T.func_attr({"tir.noalias": True})
-        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
-        lsi = T.match_buffer(lsi_h, (L,), "int32")
-        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
-        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
-        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
-        gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
-        rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
-        w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+    @T.macro
+    def grad_value_nest(shapes, lsi, loc, attn, gout, gv, gv_rows, gv_w, gv_dx, gv_dy, B, K, H, C, L, Q, P):
         for b, h, q, l, p, k in T.grid(B, H, Q, L, P, 4):
-            with T.sblock("corner"):
+            with T.sblock("gv_corner"):
                 vb, vh, vq, vl, vp, vk = T.axis.remap("SSSSSS", [b, h, q, l, p, k])
                 T.reads(shapes[vl, 0:2], lsi[vl], loc[vb, vq, vh, vl, vp, 0:2])
-                T.writes(rows[vb, vq, vh, vl, vp, vk], w[vb, vq, vh, vl, vp, vk],
-                         dx[vb, vq, vh, vl, vp, vk], dy[vb, vq, vh, vl, vp, vk])
-                corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K)
+                T.writes(gv_rows[vb, vq, vh, vl, vp, vk], gv_w[vb, vq, vh, vl, vp, vk],
+                         gv_dx[vb, vq, vh, vl, vp, vk], gv_dy[vb, vq, vh, vl, vp, vk])
+                corner(shapes, lsi, loc, gv_rows, gv_w, gv_dx, gv_dy, vb, vq, vh, vl, vp, vk, K)
         for b, h, q, l, p, k, c in T.grid(B, H, Q, L, P, 4, C):
             with T.sblock("grad_value"):
                 # scatter: (b, h, c) own the output slice; (q, l, p, k), the sample
                 # corners that accumulate into it, are reduction iters
                 vb, vh, vq, vl, vp, vk, vc = T.axis.remap("SSRRRRS", [b, h, q, l, p, k, c])
-                T.reads(rows[vb, vq, vh, vl, vp, vk], w[vb, vq, vh, vl, vp, vk],
+                T.reads(gv_rows[vb, vq, vh, vl, vp, vk], gv_w[vb, vq, vh, vl, vp, vk],
                         attn[vb, vq, vh, vl, vp], gout[vb, vq, vh, vc], gv[vb, 0:K, vh, vc])
                 T.writes(gv[vb, 0:K, vh, vc])
                 with T.init():
                     for kk in range(K):
-                        gv[vb, kk, vh, vc] = T.Cast(dtype, 0)
-                r: T.let = rows[vb, vq, vh, vl, vp, vk]
+                        gv[vb, kk, vh, vc] = zero
+                r: T.let = gv_rows[vb, vq, vh, vl, vp, vk]
                 if r >= 0:
                     gv[vb, r, vh, vc] = gv[vb, r, vh, vc] + (
-                        w[vb, vq, vh, vl, vp, vk] * attn[vb, vq, vh, vl, vp]) * gout[vb, vq, vh, vc]
+                        gv_w[vb, vq, vh, vl, vp, vk] * attn[vb, vq, vh, vl, vp]) * gout[vb, vq, vh, vc]
 
-    return grad_value
-
-
-def grad_loc_attn_compute(dtype: str):
-    zero = tirx.const(0, dtype)
-    corner = _corner_macro(dtype)
-
-    @T.prim_func(s_tir=True)
-    def grad_loc_attn(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle,
-                      loc_h: T.handle, attn_h: T.handle, gout_h: T.handle,
-                      gloc_h: T.handle, gattn_h: T.handle):
-        T.func_attr({"tir.noalias": True})
-        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        value = T.match_buffer(value_h, (B, K, H, C), dtype)
-        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
-        lsi = T.match_buffer(lsi_h, (L,), "int32")
-        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
-        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
-        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
-        gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
-        gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
-        rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
-        w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        d = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+    @T.macro
+    def grad_loc_attn_nest(value, shapes, lsi, loc, attn, gout, gloc, gattn, rows, w, dx, dy, d, B, K, H, C, L, Q, P):
         for b, h, q, l, p, k in T.grid(B, H, Q, L, P, 4):
             with T.sblock("corner"):
                 vb, vh, vq, vl, vp, vk = T.axis.remap("SSSSSS", [b, h, q, l, p, k])
@@ -178,13 +156,11 @@ def grad_loc_attn_compute(dtype: str):
                 T.writes(d[vb, vq, vh, vl, vp, vk])
                 with T.init():
                     d[vb, vq, vh, vl, vp, vk] = zero
-                # `likely(vc < C)` is a no-op for the math; it keeps a channel split +
-                # rfactor in bounds (rfactor drops the split predicate in TVM 0.27) and
-                # LoopPartition splits the main part off on it.
+                # `likely(vc < C)`: a no-op for the math that keeps a split channel
+                # loop in bounds if a schedule rfactors it (rfactor drops the split predicate)
                 d[vb, vq, vh, vl, vp, vk] = d[vb, vq, vh, vl, vp, vk] + T.if_then_else(
                     T.likely(vc < C) and rows[vb, vq, vh, vl, vp, vk] >= 0,
-                    gout[vb, vq, vh, vc] * value[vb, rows[vb, vq, vh, vl, vp, vk], vh, vc],
-                    zero)
+                    gout[vb, vq, vh, vc] * value[vb, rows[vb, vq, vh, vl, vp, vk], vh, vc], zero)
         for b, h, q, l, p in T.grid(B, H, Q, L, P):
             with T.sblock("finalize"):
                 vb, vh, vq, vl, vp = T.axis.remap("SSSSS", [b, h, q, l, p])
@@ -208,14 +184,225 @@ def grad_loc_attn_compute(dtype: str):
                     dy[vb, vq, vh, vl, vp, 0] * d0 + dy[vb, vq, vh, vl, vp, 1] * d1
                     + dy[vb, vq, vh, vl, vp, 2] * d2 + dy[vb, vq, vh, vl, vp, 3] * d3)
 
-    return grad_loc_attn
+    return grad_value_nest, grad_loc_attn_nest
+
+
+def cuda_backward_compute(dtype: str):
+    """The CUDA kernel in TensorIR blocks (scheduled by schedules/...:cuda): the scatter
+    nest and the corner-dot nest in one function, which TVM launches as two kernels."""
+    grad_value_nest, grad_loc_attn_nest = _nest_macros(dtype)
+
+    @T.prim_func(s_tir=True)
+    def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
+                 attn_h: T.handle, gout_h: T.handle, gv_h: T.handle, gloc_h: T.handle,
+                 gattn_h: T.handle):
+        T.func_attr({"tir.noalias": True})
+        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        value = T.match_buffer(value_h, (B, K, H, C), dtype)
+        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
+        lsi = T.match_buffer(lsi_h, (L,), "int32")
+        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
+        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
+        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
+        gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
+        gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
+        gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
+        gv_rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
+        gv_w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        gv_dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        gv_dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
+        w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        d = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        grad_value_nest(shapes, lsi, loc, attn, gout, gv, gv_rows, gv_w, gv_dx, gv_dy, B, K, H, C, L, Q, P)
+        grad_loc_attn_nest(value, shapes, lsi, loc, attn, gout, gloc, gattn, rows, w, dx, dy, d, B, K, H, C, L, Q, P)
+
+    return backward
+
+
+def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
+    """The CPU kernel, written in its scheduled form (see the module docstring): one pass
+    over the samples computes all three outputs.
+
+    Task = one (b, h) slice (parallel over B*H); inside it the samples are walked in
+    (q, l, p) order, so every grad_value row gets its contributions in a fixed order
+    (deterministic, no atomics). Per sample the four corners are unrolled; per corner
+    the channel loop is vectorised (`lanes`, scalar tail for C % lanes) and does both
+    the scatter into grad_value and the dot d_k = sum_c g * v_k (a [4, lanes]
+    accumulator, halving-tree lane sum). Rows are addressed through 2-D [rows, C]
+    views: row r of the (b, h) slice is row (b*K + r)*H + h of value / grad_value,
+    or row r of the private copy.
+
+    private: the task first copies its value slice into a contiguous [K, C]
+    workspace and accumulates into a zeroed [K, C] one, which it writes back at the
+    end (that write-back is also the zero-fill of the slice). Pays off when a slice
+    receives many samples (BEVFormer); otherwise grad_value is zero-filled by one
+    parallel pass over contiguous rows first.
+    prefetch: while on sample (q, l, p), prefetch the corner rows of sample
+    (q + 1, l, p) (clamped into the slice, so the address is always in bounds).
+    """
+    V = lanes
+    zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
+
+    def position(coord, size):
+        # see _corner_macro: the exact coord * size - 0.5, rounded once to the input type
+        return tirx.Cast(dtype, tirx.Cast("float64", coord) * tirx.Cast("float64", size) - tirx.const(0.5, "float64"))
+
+    @T.macro
+    def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C):
+        # every sample of the (b, h) slice; slice row r is row r*scale + offset of vbuf / gbuf
+        for q, l, p in T.grid(Q, L, P):
+            with T.sblock("sample"):
+                T.reads()
+                T.writes()
+                # small constant-size buffers: stack allocas that LLVM keeps in
+                # registers (scope "local" would become heap workspace on the CPU)
+                rows = T.sblock_alloc_buffer((4,), "int32")
+                acc = T.sblock_alloc_buffer((4, V), dtype)
+                d = T.sblock_alloc_buffer((4,), dtype)
+                hl: T.let = shapes[l, 0]
+                wl: T.let = shapes[l, 1]
+                if prefetch and q + 1 < Q:
+                    # clamped into the level and into [0, K): always in bounds
+                    hn: T.let = position(loc[b, q + 1, h, l, p, 1], hl)
+                    wn: T.let = position(loc[b, q + 1, h, l, p, 0], wl)
+                    yn: T.let = T.Cast("int32", T.floor(T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero)))
+                    xn: T.let = T.Cast("int32", T.floor(T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero)))
+                    for k in T.unroll(4):
+                        rn: T.let = T.max(T.min(lsi[l] + T.min(yn + k // 2, hl - 1) * wl
+                                                + T.min(xn + k % 2, wl - 1), K - 1), 0) * scale + offset
+                        for e in T.unroll(2):  # first and last channel of the row
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 3, 1))
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 3, 1))
+                h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
+                w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
+                gattn[b, q, h, l, p] = zero
+                gloc[b, q, h, l, p, 0] = zero
+                gloc[b, q, h, l, p, 1] = zero
+                # strict validity test (NaN / Inf fail it); only in-range values
+                # reach floor() -> int32
+                if h_im > -one and w_im > -one and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl):
+                    y0: T.let = T.Cast("int32", T.floor(h_im))
+                    x0: T.let = T.Cast("int32", T.floor(w_im))
+                    lh: T.let = h_im - T.Cast(dtype, y0)
+                    lw: T.let = w_im - T.Cast(dtype, x0)
+                    a: T.let = attn[b, q, h, l, p]
+                    for k in T.unroll(4):
+                        y: T.let = y0 + k // 2
+                        x: T.let = x0 + k % 2
+                        # int64: lsi + y*w + x cannot wrap into [0, K)
+                        r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y) * T.Cast("int64", wl) + T.Cast("int64", x)
+                        # per-corner validity, and 0 <= row < K for any level_start_index
+                        rows[k] = T.if_then_else(y >= 0 and y < hl and x >= 0 and x < wl and r >= T.int64(0)
+                                                 and r < T.Cast("int64", K), T.Cast("int32", r), -1)
+                        d[k] = zero
+                        for j in T.vectorized(V):
+                            acc[k, j] = zero
+                    for k in T.unroll(4):
+                        if rows[k] >= 0:
+                            row: T.let = rows[k] * scale + offset
+                            fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
+                            fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
+                            wa: T.let = fy * fx * a
+                            for c0 in range(C // V):
+                                for j in T.vectorized(V):
+                                    acc[k, j] = acc[k, j] + gout[b, q, h, c0 * V + j] * vbuf[row, c0 * V + j]
+                                for j in T.vectorized(V):
+                                    gbuf[row, c0 * V + j] = gbuf[row, c0 * V + j] + wa * gout[b, q, h, c0 * V + j]
+                            for c in range(C % V):
+                                cc: T.let = C // V * V + c
+                                d[k] = d[k] + gout[b, q, h, cc] * vbuf[row, cc]
+                                gbuf[row, cc] = gbuf[row, cc] + wa * gout[b, q, h, cc]
+                            # lane sum as a halving tree (shuffles, not V serial adds); V <= 64
+                            if V > 32:
+                                for j in T.vectorized(32):
+                                    acc[k, j] = acc[k, j] + acc[k, j + 32]
+                            if V > 16:
+                                for j in T.vectorized(16):
+                                    acc[k, j] = acc[k, j] + acc[k, j + 16]
+                            if V > 8:
+                                for j in T.vectorized(8):
+                                    acc[k, j] = acc[k, j] + acc[k, j + 8]
+                            if V > 4:
+                                for j in T.vectorized(4):
+                                    acc[k, j] = acc[k, j] + acc[k, j + 4]
+                            if V > 2:
+                                for j in T.vectorized(2):
+                                    acc[k, j] = acc[k, j] + acc[k, j + 2]
+                            if V > 1:
+                                for j in T.vectorized(1):
+                                    acc[k, j] = acc[k, j] + acc[k, j + 1]
+                            d[k] = d[k] + acc[k, 0]
+                    # d_k = 0 for unused corners; the SPEC_NOTES sums regrouped per corner
+                    gattn[b, q, h, l, p] = ((one - lh) * ((one - lw) * d[0] + lw * d[1])
+                                            + lh * ((one - lw) * d[2] + lw * d[3]))
+                    gloc[b, q, h, l, p, 0] = T.Cast(dtype, wl) * a * ((one - lh) * (d[1] - d[0]) + lh * (d[3] - d[2]))
+                    gloc[b, q, h, l, p, 1] = T.Cast(dtype, hl) * a * ((one - lw) * (d[2] - d[0]) + lw * (d[3] - d[1]))
+
+
+    @T.prim_func(s_tir=True)
+    def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
+                 attn_h: T.handle, gout_h: T.handle, gv_h: T.handle, gloc_h: T.handle,
+                 gattn_h: T.handle):
+        T.func_attr({"tir.noalias": True})
+        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        value = T.match_buffer(value_h, (B, K, H, C), dtype)
+        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
+        lsi = T.match_buffer(lsi_h, (L,), "int32")
+        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
+        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
+        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
+        gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
+        gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
+        gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
+        value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data)
+        gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data)
+        if not private:
+            for row in T.parallel(B * K * H):
+                for c0 in range(C // V):
+                    for j in T.vectorized(V):
+                        gv_rows[row, c0 * V + j] = zero
+                for c in range(C % V):
+                    gv_rows[row, C // V * V + c] = zero
+        for bh in T.parallel(B * H):
+            with T.sblock("slice"):
+                # opaque: nothing schedules these blocks (they only scope the workspaces)
+                T.reads()
+                T.writes()
+                b: T.let = bh // H
+                h: T.let = bh % H
+                if private:
+                    vbuf = T.sblock_alloc_buffer((K, C), dtype)
+                    gbuf = T.sblock_alloc_buffer((K, C), dtype)
+                    for r in range(K):
+                        for c0 in range(C // V):
+                            for j in T.vectorized(V):
+                                vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
+                                gbuf[r, c0 * V + j] = zero
+                        for c in range(C % V):
+                            vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
+                            gbuf[r, C // V * V + c] = zero
+                    samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C)
+                    for r in range(K):
+                        for c0 in range(C // V):
+                            for j in T.vectorized(V):
+                                gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]
+                        for c in range(C % V):
+                            gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
+                else:
+                    samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc, gattn,
+                            b, h, K, Q, L, P, C)
+
+    return backward
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
-    """True: use the `*_private` CPU kernels. The private [K, C] slice costs a copy
-    of the value slice and a write-back of the grad_value slice per (b, h); it pays
-    off only when the slice receives many samples (BEVFormer: Q*L*P = 309k per slice
-    vs K = 31k rows; the Deformable-DETR decoder case: 3.6k samples vs K = 40k)."""
+    """True: use the `backward_private` CPU kernel. The private [K, C] slice costs a
+    copy of the value slice per (b, h) (and replaces the zero-fill by a write-back); it
+    pays off only when the slice receives many samples (BEVFormer: Q*L*P = 309k per
+    slice vs K = 31k rows; the Deformable-DETR decoder case: 3.6k samples vs K = 40k)."""
     mode = plan["private_slice"]
     if mode in ("always", "never"):
         return mode == "always"
@@ -225,9 +412,9 @@ def policy_llvm(sizes: dict, plan: dict) -> bool:
 
 class MsDeformAttnBackward(Operator):
     name = "ms_deform_attn_backward"
-    # the CPU library holds both variants; CUDA builds the `*_private` names with
-    # the same (atomic) schedule, so every library has the same kernel names
-    kernel_names = KERNELS + tuple(f"{k}_private" for k in KERNELS)
+    # both names in every library (the loader asks for all): on CUDA the two are the
+    # same kernel
+    kernel_names = KERNELS
 
     def rules(self, problem):
         op, sizes = self.name, problem.sizes
@@ -251,29 +438,25 @@ class MsDeformAttnBackward(Operator):
         plan = dict(knobs)
         if model.kind == "llvm":
             plan["lanes"] = model.lanes("float32")
-            plan["dot_lanes"] = max(1, min(int(knobs["dot_lanes"]), plan["lanes"]))
         return plan
 
     def computes(self, dtype, plan, model):
-        funcs = {}
-        for suffix in ("", "_private"):
-            funcs["grad_value" + suffix] = grad_value_compute(dtype)
-            funcs["grad_loc_attn" + suffix] = grad_loc_attn_compute(dtype)
-        return funcs
+        if model.kind == "llvm":
+            return {name: cpu_backward_compute(dtype, plan["lanes"], name.endswith("_private"),
+                                               bool(plan["prefetch"]))
+                    for name in KERNELS}
+        return {name: cuda_backward_compute(dtype) for name in KERNELS}
 
     def launch(self, kernels, problem, tensors):
-        s, i, lo, a, g = (tensors[k] for k in ("spatial_shapes", "level_start_index", "sampling_loc",
-                                                "attn_weight", "grad_output"))
-        gv, gloc, gattn = tensors["grad_value"], tensors["grad_sampling_loc"], tensors["grad_attn_weight"]
         suffix = ""
         if problem.device == "cuda":
-            gv.zero_()  # atomicAdd accumulates into it (a torch CUDA tensor)
-        else:
-            plan = self.schedules["llvm"].defaults
-            suffix = "_private" if policy_llvm(problem.sizes, plan) else ""
-            # the CPU kernel's reduction init zero-fills every (b, h) slice: Q*L*P > 0 here
-        kernels["grad_value" + suffix](s, i, lo, a, g, gv)
-        kernels["grad_loc_attn" + suffix](tensors["value"], s, i, lo, a, g, gloc, gattn)
+            tensors["grad_value"].zero_()  # atomicAdd accumulates into it (a torch CUDA tensor)
+        elif policy_llvm(problem.sizes, kernels.plan):  # the loaded library's knobs
+            suffix = "_private"
+        # the CPU kernels write every element of the three outputs (np.empty is fine)
+        kernels["backward" + suffix](*(tensors[k] for k in (
+            "value", "spatial_shapes", "level_start_index", "sampling_loc", "attn_weight", "grad_output",
+            "grad_value", "grad_sampling_loc", "grad_attn_weight")))
 
     # --- testing and benchmarking ---------------------------------------------
     def make_inputs(self, case, dtype, rng):
