@@ -102,6 +102,24 @@ def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
         assert f".target {arch}" in ptx and ".entry" in ptx
 
 
+def test_other_x86_cpu_targets_build_here_and_do_not_run_here(tmp_path):
+    haswell = targets.resolve("llvm:haswell:4")
+    assert (haswell.cpu, haswell.cores, haswell.lanes("float32"), haswell.key) == ("haswell", 4, 8, "llvm-haswell-4c")
+    assert targets.resolve("llvm:skylake-avx512").lanes("float32") == 16
+    entry = build.build_entry(build.default_variant(OP, "float32", haswell), tmp_path)
+    assert build.manifest(entry)["target"] == haswell.key
+    asm = (entry / "kernels.s").read_text()
+    assert "ymm" in asm and "zmm" not in asm  # AVX2, 8 float32 lanes: no AVX-512 registers
+    for bad, why in (("llvm:cortex-a72", "not an x86-64 CPU"), ("llvm:haswell:0", "positive integer")):
+        with pytest.raises(tvm_ops.BadParamError, match=why):
+            targets.resolve(bad)
+    if targets.host_cpu().cpu != "haswell":
+        go = np.zeros((1, 2, 3), np.float32)
+        with pytest.raises(tvm_ops.ArchMismatchError, match="is not this machine's CPU"):
+            tvm_ops.three_interpolate_backward(go, np.zeros((1, 3, 3), np.int32), np.zeros((1, 3, 3), np.float32),
+                                               2, target="llvm:haswell")
+
+
 def test_cuda_target_without_gpu_is_an_arch_mismatch():
     if gpu_skip_reason() is None:
         pytest.skip("a GPU is visible here")

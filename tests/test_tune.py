@@ -277,6 +277,19 @@ def test_rpc_tune_through_tracker(tmp_path, rpc_tracker):
     for r in rows:
         assert r["runner"] == f"rpc:{key}", r
         assert r["status"] == "ok" and r["correct"] and r["median_s"] > 0 and r["spread_s"] >= 0, r
+    # a board of another x86-64 CPU: the libraries are built here for its -mcpu and measured there
+    done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
+                           "--target", "llvm:haswell:2", "--trials", "1", "--records", str(path), "--workers", "1",
+                           "--repeat", "3", "--timeout", "30", "--rpc-tracker", addr, "--rpc-key", key],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    other = [r for r in rows_of(path) if r["target"] == "llvm-haswell-2c"]
+    assert len(other) == 1 and other[0]["status"] == "ok" and other[0]["runner"] == f"rpc:{key}", other
+    # without a board, another CPU cannot be measured here
+    done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
+                           "--target", "llvm:haswell:2", "--trials", "1", "--records", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "is not this machine's CPU" in done.stderr
     # a local run of the same space does not reuse the remote records
     local = tune.tune(OP, "float32", targets.resolve("llvm"), CASE, trials=1, records_path=path, repeat=3,
                       workers=1)

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-TARGET_HELP = "llvm (the host CPU, default), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX"
+TARGET_HELP = ("llvm (the host CPU, default), llvm:MCPU[:CORES] (another x86-64 CPU, e.g. a board "
+               "reached over RPC), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX")
 
 
 def _ops(name: str):

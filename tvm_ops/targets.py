@@ -106,6 +106,25 @@ def host_cpu() -> TargetModel:
     return TargetModel("llvm", cpu, "", cores, _read_l2_bytes(), _read_vector_bytes())
 
 
+def other_cpu(spec: str) -> TargetModel:
+    """Another x86-64 CPU, "MCPU[:CORES]" (e.g. a board measured over RPC): its LLVM -mcpu
+    name, its core count (default: this host's) and vector width (from LLVM's feature
+    table); the on-chip budget is this host's L2. Libraries for it build here, with this
+    host's toolchain, so only x86-64 Linux targets are supported."""
+    import tvm
+
+    mcpu, _, cores = spec.partition(":")
+    if not tvm.get_global_func("target.llvm_is_valid_cpu")(mcpu, "x86_64-linux-gnu"):
+        raise BadParamError(f"target llvm:{spec}: {mcpu!r} is not an x86-64 CPU LLVM knows "
+                            f"(e.g. haswell, skylake-avx512, znver4)")
+    if cores and (not cores.isdigit() or int(cores) < 1):
+        raise BadParamError(f"target llvm:{spec}: the core count must be a positive integer, got {cores!r}")
+    has = tvm.get_global_func("target.llvm_cpu_has_feature")
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    vector = 64 if has("avx512f", target) else 32 if has("avx2", target) else 16
+    return TargetModel("llvm", mcpu, "", int(cores) if cores else host_cpu().cores, _read_l2_bytes(), vector)
+
+
 def cuda(arch: str | None = None) -> TargetModel:
     """An NVIDIA target; without `arch` the local GPU's, else sm_80."""
     arch = arch or local_cuda_arch() or DEFAULT_CUDA_ARCH
@@ -127,14 +146,15 @@ def local_cuda_arch() -> str | None:
 
 
 def resolve(target) -> TargetModel:
-    """Accept "llvm", "cuda", "cuda:sm_90" or a TargetModel."""
+    """Accept "llvm" (this host), "llvm:MCPU[:CORES]" (another x86-64 CPU), "cuda", "cuda:sm_90"
+    or a TargetModel."""
     if isinstance(target, TargetModel):
         return target
     if not isinstance(target, str):
         raise BadParamError(f"target must be a string such as 'llvm' or 'cuda', got {target!r}")
     kind, _, arch = target.partition(":")
     if kind == "llvm":
-        return host_cpu()
+        return other_cpu(arch) if arch else host_cpu()
     if kind == "cuda":
         return cuda(arch or None)
     raise BadParamError(f"unknown target {target!r}; expected one of {', '.join(TARGET_KINDS)}")
@@ -142,6 +162,9 @@ def resolve(target) -> TargetModel:
 
 def require_runnable(model: TargetModel) -> None:
     """Raise ArchMismatchError when kernels for `model` cannot run in this process."""
+    if model.kind == "llvm" and model.cpu != host_cpu().cpu:
+        raise ArchMismatchError(f"target llvm:{model.cpu} is not this machine's CPU ({host_cpu().cpu}); "
+                                f"build it with `build --target`, or tune it on its board with --rpc-tracker")
     if model.kind == "cuda":
         local = local_cuda_arch()
         if local is None:
