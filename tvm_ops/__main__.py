@@ -101,6 +101,8 @@ def cmd_tune(args) -> int:
     from .errors import BadParamError
 
     model = targets.resolve(args.target)
+    if args.meta_schedule:
+        return _meta_schedule(args, op, model)
     rpc = None
     if args.rpc_tracker or args.rpc_key:
         if not (args.rpc_tracker and args.rpc_key):
@@ -131,6 +133,24 @@ def cmd_tune(args) -> int:
         print(f"# calls of shape class {result.shape_class} now use tuned:{chosen['case']}: "
               + ", ".join(f"{k}={v}" for k, v in chosen["knobs"].items()))
     return 0
+
+
+def _meta_schedule(args, op, model) -> int:
+    """`tune --meta-schedule`: TVM's auto-scheduler with the same trial budget, against hand-tuned."""
+    from . import meta_schedule_baseline, tune
+    from .errors import BadParamError
+
+    if args.rpc_tracker or args.rpc_key:
+        raise BadParamError("--meta-schedule measures on this machine; it does not take --rpc-tracker")
+    name = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
+    case = next((c for c in op.spec.cases if c.name == name), None)
+    if case is None:
+        raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
+    case = tune.with_shape(op, case, dict(args.shape or []))
+    result = meta_schedule_baseline.compare(op, case, args.dtype, model, trials=args.trials, timeout=args.timeout,
+                                            repeat=args.repeat, seed=args.seed)
+    print("\n".join(result.lines()))
+    return 0  # meta_schedule taking no kernel is a result, not an error
 
 
 def cmd_list(args) -> int:
@@ -206,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--rpc-tracker", metavar="HOST:PORT",
                    help="measure on a server from this TVM RPC tracker instead of locally")
     u.add_argument("--rpc-key", metavar="KEY", help="the device key the RPC servers registered with")
+    u.add_argument("--meta-schedule", action="store_true",
+                   help="instead: tune the case's fixed-shape computes with TVM's meta_schedule (--trials per "
+                        "kernel) and time the result against the hand-tuned default")
     u.set_defaults(func=cmd_tune)
 
     ls = sub.add_parser("list", help="operators, dtypes, targets, schedules and cases")
