@@ -45,6 +45,17 @@ def test_good_spec_parses(tmp_path):
     assert s.case("small").shape == {"B": 2, "N": 3}
 
 
+BY_MODE = GOOD.replace("outputs:", "params:\n  mode: {type: str, choices: [a, b]}\noutputs:").replace(
+    'theory: {io_bytes: "B*N*itemsize*2"}', 'theory: {io_bytes: "B*N*itemsize*2", io_bytes_by: {mode: {b: "B*N"}}}')
+
+
+def test_io_formula_by_parameter_value(tmp_path):
+    s = spec.parse(write(tmp_path, BY_MODE))
+    assert s.theory({"B": 2, "N": 3}, 4, {"mode": "b"}) == (6, None)
+    assert s.theory({"B": 2, "N": 3}, 4, {"mode": "a"}) == (48, None)  # no entry: the default formula
+    assert s.theory({"B": 2, "N": 3}, 4) == (48, None)
+
+
 @pytest.mark.parametrize("bad, key", [
     (GOOD.replace("dtypes: [float32]", "dtypes: [float64]"), "inputs.x.dtypes"),
     (GOOD.replace("  - {name: small, set: network, shape: {B: 2, N: 3}}",
@@ -57,6 +68,9 @@ def test_good_spec_parses(tmp_path):
     (GOOD.replace("theory:", "theory_typo:"), "theory"),
     (GOOD.replace("outputs:", "params:\n  mode: {type: str}\noutputs:"), "params.mode.choices"),
     (GOOD.replace("outputs:", "params:\n  mode: {type: float}\noutputs:"), "params.mode.type"),
+    (BY_MODE.replace("{b: ", "{c: "), "theory.io_bytes_by.mode"),
+    (BY_MODE.replace('{b: "B*N"}', '{b: "B*Q"}'), "theory.io_bytes_by.mode.b"),
+    (BY_MODE.replace("io_bytes_by: {mode:", "io_bytes_by: {nomode:"), "theory.io_bytes_by"),
 ])
 def test_malformed_spec_names_file_and_key(tmp_path, bad, key):
     with pytest.raises(SpecError) as info:

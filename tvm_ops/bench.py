@@ -109,7 +109,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     call = lambda: op.call(on_target, params, model, {})  # noqa: E731 - a timed thunk
     call()  # build or load the kernels outside the timing
     seconds = median_seconds(call, repeat, sync)
-    io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize)
+    io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize, params)
     peak = peak_flops(model)
     peers = {}
     if peer and model.kind == "llvm":

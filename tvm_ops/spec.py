@@ -72,6 +72,7 @@ class OpSpec:
     theory_io: str
     theory_ops: str | None
     cases: tuple
+    theory_io_by: dict = field(default_factory=dict)  # {str param: {value: io formula}}
 
     @property
     def float_dtypes(self) -> tuple:
@@ -93,11 +94,14 @@ class OpSpec:
                 return c
         raise KeyError(f"{self.op} has no case {name!r}; cases: {', '.join(c.name for c in self.cases)}")
 
-    def theory(self, shape: dict, itemsize: int) -> tuple[float, float | None]:
-        """(io bytes, ops) of the formulas for one shape."""
+    def theory(self, shape: dict, itemsize: int, params: dict | None = None) -> tuple[float, float | None]:
+        """(io bytes, ops) of the formulas for one shape (and the call's parameters)."""
         env = dict(shape, itemsize=itemsize)
         ops = evaluate(self.theory_ops, env) if self.theory_ops else None
-        return evaluate(self.theory_io, env), ops
+        io = self.theory_io
+        for name, table in self.theory_io_by.items():
+            io = table.get(str((params or {}).get(name)), io)
+        return evaluate(io, env), ops
 
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -242,8 +246,21 @@ def parse(path: Path) -> OpSpec:
             r.get(metric, (int, float))
     theory = reader.child("theory", reader.get("theory", dict))
     theory_io, theory_ops = theory.get("io_bytes", str), theory.get("ops", str, None)
+    # io_bytes_by: {param: {value: formula}}: a str parameter that changes what is read
+    by = theory.get("io_bytes_by", dict, {})
+    io_by = {}
+    for name, table in by.items():
+        param = next((p for p in params if p.name == name and p.type == "str"), None)
+        if param is None or not isinstance(table, dict):
+            theory.fail("io_bytes_by", f"{name!r} must be a str parameter mapped to {{value: formula}}")
+        for value in table:
+            if value not in param.choices:
+                theory.fail(f"io_bytes_by.{name}", f"{value!r} is not one of {', '.join(param.choices)}")
+        io_by[name] = {str(v): str(f) for v, f in table.items()}
     probe = {s: 3 for s in symbols} | {"itemsize": 4}
-    for key, formula in (("io_bytes", theory_io), ("ops", theory_ops)):
+    formulas = [("io_bytes", theory_io), ("ops", theory_ops)]
+    formulas += [(f"io_bytes_by.{n}.{v}", f) for n, table in io_by.items() for v, f in table.items()]
+    for key, formula in formulas:
         if formula is None:
             continue
         try:
@@ -256,7 +273,7 @@ def parse(path: Path) -> OpSpec:
             reader.fail("accuracy", f"no thresholds for {dtype}")
     cases = _cases(reader, symbols, float_dtypes)
     return OpSpec(op, path, inputs, outputs, tuple(params), zero_bad, zero_empty,
-                  accuracy, theory_io, theory_ops, cases)
+                  accuracy, theory_io, theory_ops, cases, io_by)
 
 
 @functools.lru_cache(maxsize=None)
