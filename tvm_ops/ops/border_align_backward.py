@@ -7,20 +7,26 @@ boxes [N, K, 4] (x0, y0, x1, y1), argmax_idx [N, K, 4, C] int32, grad_input [N, 
 with K == H*W. Border s: 0 top, 1 left, 2 bottom, 3 right. Contract:
 specs/border_align_backward.yaml.
 
-Work is N*K*4*C samples: each (n, k, s, c) computes the one sample its argmax names (no loop
-over the pool_size + 1 candidates) and adds its 4 bilinear corners. Kernels (one set per
-dtype and target, every dimension symbolic):
-  scatter       channels [0, C // 16 * 16)
-  scatter_tail  the C % 16 tail channels (launched only when C % 16 != 0)
+Work is N*K*4*C samples: each (n, k, s, c) adds the 4 bilinear corners of the one sample
+its argmax names. Kernels (one set per dtype and target, every dimension symbolic; V is the
+llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
+  scatter       channels [0, C // V * V)
+  scatter_tail  the C % V tail channels (launched only when C % V != 0)
   cast          float32 accumulator -> grad_input (CUDA float16 only; see below)
 
-- llvm (owner computes, no atomics, deterministic): an owner (n, s, 16-channel group) zeroes
-  a private float32 tile [H, W, 16], walks k = 0..K-1 in order adding every sample into it,
+- llvm (owner computes, no atomics, deterministic): an owner (n, s, V-channel group) zeroes
+  a private float32 tile [H, W, V], walks k = 0..K-1 in order adding every sample into it,
   then stores the tile into its columns of grad_input (rounding once for float16). Different
   (s, c) columns never collide, so owners need no atomics, and every element is summed in the
-  same order whatever the thread count. The 16 lanes of one k are computed as vectors (sample
-  position, range test, corners and weights), then their 4 corner adds are per lane (a
-  scatter across tile rows; lanes are distinct channels, so no two lanes of one add collide).
+  same order whatever the thread count. Corner adds (knob corner_adds):
+    per_sample (default): the V lanes of one (n, k, s) share the box, so there are only
+      pool_size + 1 sample positions; their geometry is computed once (16 samples per
+      vector), then per sample the lanes whose argmax names it add their gradient at its 4
+      corners, each a contiguous V-lane tile row (vector load/FMA/store); other lanes add +0.
+    per_lane: each lane computes its own sample (vectors), then its 4 corner adds are per
+      lane (TVM scalarises the scatter across tile rows).
+  Both give the same bits (each lane gets its own sample's adds in the same order; +0 changes
+  no bit in a tile that starts at +0 with weights >= 0).
 - cuda (mlu-ops' plan): one thread per (n, k, s, c), channels fastest, atomicAdd of the 4
   weighted corners into grad_input (float32, zeroed first) or into a zeroed float32 workspace
   that `cast` rounds once into grad_input (float16: accumulate in float32, round once).
@@ -50,6 +56,8 @@ CAST = "border_align_backward_cast"
 # channels with a kernel of its own: TVM 0.27 scalarises a predicated split of a symbolic
 # loop, and loop_partition refuses dynamic extents.
 CHANNEL_GROUP = 16
+# corner_adds=per_sample computes the pool_size + 1 sample positions of a box 16 at a time
+SAMPLE_BLOCK = 16
 
 
 @T.macro(hygienic=False)
@@ -113,12 +121,102 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
             ACC[y_hi, x_hi, l] = ACC[y_hi, x_hi, l] + SG[l] * ly * lx
 
 
-def _owner_func(dtype: str, tail: bool):
+@T.macro(hygienic=False)
+def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
+    """CPU, same result as _spread into the tile: all lanes of (n, k, s) share the box, so
+    there are only pool_size + 1 sample positions. Their geometry is computed 16 samples at a
+    time as vectors (the same expressions as _spread, with the sample index in place of the
+    argmax), staged in local arrays; then per valid sample i the lanes whose argmax is i add
+    their gradient at its 4 corners: each add is one contiguous tile row (vector
+    load/FMA/store, no scatter); the other lanes add +0 (the tile starts at +0 and the weights
+    are >= 0, so +0 changes no bit). Per lane the adds keep _spread's order and products
+    ((g * hy) * hx), so the bits match corner_adds=per_lane."""
+    SY = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")  # clamped sample y (0 if invalid)
+    SX = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")
+    OK = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")    # 1: sample inside [-1, H] x [-1, W]
+    YL = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")    # corners
+    XL = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")
+    YH = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")
+    XH = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")
+    LY = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")  # fractions
+    LX = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")
+    fp = T.meta_var(T.Cast("float32", pool_size))
+    x0 = T.meta_var(T.Cast("float32", BX[vn, vk, 0]))
+    y0 = T.meta_var(T.Cast("float32", BX[vn, vk, 1]))
+    x1 = T.meta_var(T.Cast("float32", BX[vn, vk, 2]))
+    y1 = T.meta_var(T.Cast("float32", BX[vn, vk, 3]))
+    step_x = T.meta_var(T.Select(vs == 0, (x1 - x0) / fp, T.Select(vs == 2, (x0 - x1) / fp, T.float32(0))))
+    step_y = T.meta_var(T.Select(vs == 1, (y1 - y0) / fp, T.Select(vs == 3, (y0 - y1) / fp, T.float32(0))))
+    for b in range((pool_size + SAMPLE_BLOCK) // SAMPLE_BLOCK):  # blocks of samples 0..pool_size
+        # two loops, the second reading what the first staged (a local array written and read
+        # in the same vectorised iteration is compacted to 1 element: wrong results)
+        for j in T.vectorized(SAMPLE_BLOCK):
+            fi = T.meta_var(T.Cast("float32", b * SAMPLE_BLOCK + j))
+            x = T.meta_var(T.Select(vs < 2, x0, x1) + fi * step_x)
+            y = T.meta_var(T.Select(vs < 2, y0, y1) + fi * step_y)
+            ok = T.meta_var(b * SAMPLE_BLOCK + j <= pool_size and y >= T.float32(-1)
+                            and y <= T.Cast("float32", H) and x >= T.float32(-1) and x <= T.Cast("float32", W))
+            OK[j] = T.Select(ok, 1, 0)
+            SY[j] = T.Select(ok, T.max(y, T.float32(0)), T.float32(0))
+            SX[j] = T.Select(ok, T.max(x, T.float32(0)), T.float32(0))
+        for j in T.vectorized(SAMPLE_BLOCK):
+            yi = T.meta_var(T.Cast("int32", SY[j]))
+            xi = T.meta_var(T.Cast("int32", SX[j]))
+            YL[j] = T.min(yi, H - 1)
+            XL[j] = T.min(xi, W - 1)
+            YH[j] = T.min(yi + 1, H - 1)
+            XH[j] = T.min(xi + 1, W - 1)
+            LY[j] = T.Select(yi >= H - 1, T.float32(0), SY[j] - T.Cast("float32", yi))
+            LX[j] = T.Select(xi >= W - 1, T.float32(0), SX[j] - T.Cast("float32", xi))
+        for j in range(SAMPLE_BLOCK):
+            if OK[j] != 0:
+                hy = T.meta_var(T.float32(1) - LY[j])
+                hx = T.meta_var(T.float32(1) - LX[j])
+                for l in lane_loop(lanes):
+                    g = T.meta_var(T.Select(AM[vn, vk, vs, c0 + l] == b * SAMPLE_BLOCK + j,
+                                            T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0)))
+                    # in order: at the map edge two corners are the same pixel
+                    ACC[YL[j], XL[j], l] = ACC[YL[j], XL[j], l] + g * hy * hx
+                    ACC[YL[j], XH[j], l] = ACC[YL[j], XH[j], l] + g * hy * LX[j]
+                    ACC[YH[j], XL[j], l] = ACC[YH[j], XL[j], l] + g * LY[j] * hx
+                    ACC[YH[j], XH[j], l] = ACC[YH[j], XH[j], l] + g * LY[j] * LX[j]
+
+
+@T.macro(hygienic=False)
+def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, ahead):
+    """One owner: zero its tile ACC, add boxes k = 0..K-1 in order, store the tile into its
+    columns of grad_input (float16: the single rounding). ahead > 0: while on box k, prefetch
+    the argmax and gradient rows of box k + ahead (an owner's rows are 4C words apart, one page
+    per k at C = 256, which the hardware prefetchers do not follow)."""
+    for yy, xx in T.grid(H, W):
+        for ll in lane_loop(lanes):
+            ACC[yy, xx, ll] = T.float32(0)
+    for k in range(K):
+        if ahead > 0:
+            if k + ahead < K:
+                for q in range(lanes // CHANNEL_GROUP):  # one per 64-byte line of int32
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                        AM[vn, k + ahead, vs, c0 + q * CHANNEL_GROUP]), 0, 3, 1))
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                        GO[vn, k + ahead, vs, c0 + q * CHANNEL_GROUP]), 0, 3, 1))
+        if by_sample:
+            _spread_by_sample(vn, k, vs, c0, lanes, lane_loop)
+        else:
+            _spread(vn, k, vs, c0, lanes, lane_loop, False)
+    for yy, xx in T.grid(H, W):
+        for ll in lane_loop(lanes):
+            GI[vn, yy, xx, vs * C + c0 + ll] = T.Cast(dtype, ACC[yy, xx, ll])
+
+
+def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int):
     """CPU: owner (n, s, channel group) accumulates into a private float32 tile, then stores
-    it into grad_input[n, :, :, s*C + channels] in dtype.  The main kernel's groups are 16
-    vector lanes; the tail kernel's single group is the C % 16 last channels, in scalar loops."""
-    V = CHANNEL_GROUP
-    lane_loop = T.serial if tail else T.vectorized
+    it into grad_input[n, :, :, s*C + channels] in dtype.  Main kernel: groups of
+    lanes_per_owner (V) vector lanes, channels [0, C // V * V).  Tail kernel: the C % V last
+    channels as 16-lane vector owners, then one owner for the C % 16 rest in scalar loops
+    (per-lane corner adds there: same bits, and a scalar lane gains nothing from per-sample)."""
+    V = lanes_per_owner
+    G = CHANNEL_GROUP
+    by_sample = corner_adds == "per_sample"
 
     @T.prim_func(s_tir=True)
     def owner(go_h: T.handle, bx_h: T.handle, am_h: T.handle, gi_h: T.handle, pool_size: T.int32):
@@ -128,23 +226,23 @@ def _owner_func(dtype: str, tail: bool):
         BX = T.match_buffer(bx_h, (N, K, 4), dtype)
         AM = T.match_buffer(am_h, (N, K, 4, C), "int32")
         GI = T.match_buffer(gi_h, (N, H, W, 4 * C), dtype)
-        groups = T.meta_var(1 if tail else C // V)
-        lanes = T.meta_var(C % V if tail else V)
+        groups = T.meta_var((C % V + G - 1) // G if tail else C // V)
         for n, s, g in T.grid(N, 4, groups):
             with T.sblock("owner"):
                 vn, vs, vg = T.axis.remap("SSS", [n, s, g])
-                c0 = T.meta_var(C // V * V if tail else vg * V)
-                T.reads(GO[vn, 0:K, vs, c0:c0 + lanes], AM[vn, 0:K, vs, c0:c0 + lanes], BX[vn, 0:K, 0:4])
-                T.writes(GI[vn, 0:H, 0:W, vs * C + c0:vs * C + c0 + lanes])
-                ACC = T.sblock_alloc_buffer((H, W, V), "float32")  # the private tile (61 KB at 25x38)
-                for yy, xx in T.grid(H, W):
-                    for ll in lane_loop(lanes):
-                        ACC[yy, xx, ll] = T.float32(0)
-                for k in range(K):
-                    _spread(vn, k, vs, c0, lanes, lane_loop, False)
-                for yy, xx in T.grid(H, W):
-                    for ll in lane_loop(lanes):
-                        GI[vn, yy, xx, vs * C + c0 + ll] = T.Cast(dtype, ACC[yy, xx, ll])
+                c0 = T.meta_var(C // V * V + vg * G if tail else vg * V)
+                width = T.meta_var(T.min(G, C - c0) if tail else V)
+                T.reads(GO[vn, 0:K, vs, c0:c0 + width], AM[vn, 0:K, vs, c0:c0 + width], BX[vn, 0:K, 0:4])
+                T.writes(GI[vn, 0:H, 0:W, vs * C + c0:vs * C + c0 + width])
+                # the private tile (243 KB at 25x38 for V = 64)
+                ACC = T.sblock_alloc_buffer((H, W, G if tail else V), "float32")
+                if tail:
+                    if vg < C % V // G:
+                        _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, prefetch)
+                    else:
+                        _owner_walk(vn, vs, c0, C % G, T.serial, False, 0)
+                else:
+                    _owner_walk(vn, vs, c0, V, T.vectorized, by_sample, prefetch)
 
     return owner
 
@@ -189,11 +287,15 @@ def _cast_func(dtype: str):
     return cast
 
 
-def computes(dtype: str, kind: str) -> dict:
+def computes(dtype: str, kind: str, plan: dict) -> dict:
     # every library has the same three kernels (the loader looks up Operator.kernel_names);
     # the CPU owners round while storing, so the CPU launch never calls `cast`
-    scatter = _atomic_func if kind == "cuda" else _owner_func
-    return {SCATTER: scatter(dtype, False), TAIL: scatter(dtype, True), CAST: _cast_func(dtype)}
+    if kind == "cuda":
+        scatter, tail = _atomic_func(dtype, False), _atomic_func(dtype, True)
+    else:
+        knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"])
+        scatter, tail = _owner_func(dtype, False, *knobs), _owner_func(dtype, True, *knobs)
+    return {SCATTER: scatter, TAIL: tail, CAST: _cast_func(dtype)}
 
 
 class BorderAlignBackward(Operator):
@@ -214,10 +316,13 @@ class BorderAlignBackward(Operator):
                                 f"got {s['H']} * {s['W']} = {s['H'] * s['W']}")
 
     def plan(self, model, knobs):
-        return {"channel_group": CHANNEL_GROUP, **knobs}
+        plan = {"channel_group": CHANNEL_GROUP, **knobs}
+        if model.kind == "cuda":
+            plan["owner_lanes"] = CHANNEL_GROUP  # the CUDA kernels split C at 16 (main | tail)
+        return plan
 
     def computes(self, dtype, plan, model):
-        return computes(dtype, model.kind)
+        return computes(dtype, model.kind, plan)
 
     def workspaces(self, problem, plan):
         if problem.device != "cuda" or problem.dtype == "float32":
@@ -233,9 +338,10 @@ class BorderAlignBackward(Operator):
         acc = tensors.get("accumulator", out)
         if problem.device == "cuda":  # the atomics add into zeros (the CPU owners zero their tiles)
             interop.zero(acc)
-        if c >= CHANNEL_GROUP:
+        lanes = kernels.plan["owner_lanes"]  # the main kernel covers C // lanes * lanes channels
+        if c >= lanes:
             kernels[SCATTER](go, bx, am, acc, pool)
-        if c % CHANNEL_GROUP:
+        if c % lanes:
             kernels[TAIL](go, bx, am, acc, pool)
         if acc is not out:
             kernels[CAST](acc, out)
