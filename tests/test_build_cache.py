@@ -89,6 +89,18 @@ def test_changing_a_knob_changes_the_content_hash():
     assert hashes[0] != hashes[1]
 
 
+def test_a_launch_only_knob_gets_its_own_library(tmp_path):
+    """ms_deform's private_min_ratio changes which kernel launch calls, not the code: its
+    libraries must still differ, or a load would find the other knob's manifest (and plan)."""
+    op, model = get("ms_deform_attn_backward"), targets.resolve("llvm")
+    base = build.default_variant(op, "float32", model)
+    other = build.Variant(op, "float32", model, dict(base.knobs, private_min_ratio=2.0), "test")
+    assert base.scheduled_module()[0].script() == other.scheduled_module()[0].script()
+    entries = [build.build_entry(v, tmp_path) for v in (base, other)]
+    assert entries[0] != entries[1]
+    assert [build.load(e, op, model).plan["private_min_ratio"] for e in entries] == [1.0, 2.0]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", sorted(OPERATORS))

@@ -2,9 +2,9 @@
 
 One library per (operator, dtype, target) holds all of the operator's kernels,
 with symbolic shapes, so one build serves every shape. A library lives in a
-directory named by a content hash of the scheduled TensorIR, the target and the
-TVM version: change any of them and the name changes, so a stale library is
-never loaded. Each directory holds lib.so, the generated source (LLVM IR and
+directory named by a content hash of the scheduled TensorIR, the target, the
+knobs and the TVM version: change any of them and the name changes, so a stale
+library is never loaded. Each directory holds lib.so, the generated source (LLVM IR and
 assembly, or CUDA C and PTX), and manifest.json with the library's sha256,
 which is verified before loading, so a truncated or corrupt file is rebuilt
 rather than handed to dlopen.
@@ -25,7 +25,7 @@ from pathlib import Path
 from . import records, targets
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: knobs in the content hash
 _lock = threading.Lock()
 _loaded: dict = {}
 build_count = 0  # libraries compiled by this process (tests count rebuilds)
@@ -70,8 +70,10 @@ class Variant:
         import tvm
 
         digest = hashlib.sha256()
+        # the knobs too: a knob that only changes what launch does (which kernels it calls)
+        # leaves the code alike, but the manifest's knobs must be the library's own
         for part in (module.script(), json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
-                     tvm.__version__, str(FORMAT_VERSION)):
+                     json.dumps(self.knobs, sort_keys=True, default=str), tvm.__version__, str(FORMAT_VERSION)):
             digest.update(part.encode())
         return digest.hexdigest()[:16]
 
