@@ -1,6 +1,7 @@
 """voxel_pooling_forward: spec cases, properties, edges, NaN, determinism, checks and interop."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -12,27 +13,35 @@ from hypothesis import strategies as st
 
 import tvm_ops
 from tvm_ops import build, metrics, runner, targets
-from tvm_ops.ops.voxel_pooling_forward import OP
+from tvm_ops.ops.voxel_pooling_forward import OP, point_splits
 
 from .conftest import requires_torch
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 ALGORITHMS = OP.schedules["llvm"].candidates["algorithm"]  # owner, sort
+# the CPU paths: owner with S point ranges per batch (S = 1: pool; S > 1: pool_split + combine),
+# and sort. Fixed S, not auto, so every path runs whatever the machine's core count.
+KERNEL_SETS = {"owner-S1": {"algorithm": "owner", "point_splits": 1},
+               "owner-S2": {"algorithm": "owner", "point_splits": 2},
+               "owner-S4": {"algorithm": "owner", "point_splits": 4},
+               "sort": {"algorithm": "sort", "point_splits": 1}}
 
 
-def use_algorithm(monkeypatch, algorithm: str) -> None:
-    """Make `algorithm` the CPU default for this test: the library calls load and the kernel
+def use_knobs(monkeypatch, knobs: dict) -> None:
+    """Make `knobs` the CPU defaults for this test: the library calls load and the kernel
     set launch runs both follow build.default_variant (tuning records are kept out)."""
     llvm = OP.schedules["llvm"]
-    patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, algorithm=algorithm))
+    patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, **knobs))
     monkeypatch.setattr(OP, "schedules", dict(OP.schedules, llvm=patched))
     monkeypatch.setenv("TVM_OPS_RECORDS", os.devnull)
-    assert build.default_variant(OP, "float32", targets.resolve("llvm")).knobs["algorithm"] == algorithm
+    chosen = build.default_variant(OP, "float32", targets.resolve("llvm")).knobs
+    assert {k: chosen[k] for k in knobs} == knobs
 
 
-@pytest.fixture(params=ALGORITHMS)
+@pytest.fixture(params=list(KERNEL_SETS))
 def algorithm(request, monkeypatch):
-    use_algorithm(monkeypatch, request.param)
+    """Each test that takes it runs on every CPU kernel set."""
+    use_knobs(monkeypatch, KERNEL_SETS[request.param])
     return request.param
 
 
@@ -55,16 +64,65 @@ def test_spec_cases_with_every_algorithm(algorithm, case):
 
 
 def test_both_algorithms_give_the_same_bits(monkeypatch):
-    """Both add each voxel's points from zero in point order: identical sums, so the choice
-    between them can never change a result."""
+    """Both add each voxel's points from zero in point order (owner with S = 1): identical
+    sums, so the choice between them can never change a result."""
     geom, feat = inputs(2, 5000, 37, 9, 7, 2, spill=3, z_spill=1, seed=5)
     results = []
     for name in ALGORITHMS:
-        use_algorithm(monkeypatch, name)
+        use_knobs(monkeypatch, {"algorithm": name, "point_splits": 1})
         out, memo = tvm_ops.voxel_pooling_forward(geom, feat, 9, 7, 2)
         check(geom, feat, 9, 7, 2, (out, memo))
         results.append(out.tobytes() + memo.tobytes())
     assert len(ALGORITHMS) == 2 and results[0] == results[1]
+
+
+def range_sums_in_order(geom, feat, X, Y, Z, S):
+    """float32 emulation of pool_split + combine: each of the S point ranges of a batch summed
+    from zero in point order, then the slices added in the order s = 0..S-1."""
+    B, N, C = feat.shape
+    chunk = -(-N // S)
+    out = np.zeros((B, Y, X, C), np.float32)
+    for b in range(B):
+        for s in range(S):
+            part = np.zeros((Y, X, C), np.float32)
+            for n in range(s * chunk, min(N, (s + 1) * chunk)):
+                x, y, z = geom[b, n]
+                if 0 <= x < X and 0 <= y < Y and 0 <= z < Z:
+                    part[y, x] += feat[b, n]
+            out[b] = part if s == 0 else out[b] + part
+    return out
+
+
+@pytest.mark.parametrize("S, N", [(2, 3001), (4, 3001), (4, 5), (4, 3)])  # 5 points: an empty last range
+def test_point_ranges_sum_in_a_fixed_order(monkeypatch, S, N):
+    """S > 1 is its own fixed summation order: the bits of the float32 emulation, exactly."""
+    use_knobs(monkeypatch, {"algorithm": "owner", "point_splits": S})
+    geom, feat = inputs(2, N, 21, 3, 2, 1, spill=1, seed=S)
+    feat *= 10.0 ** np.random.default_rng(S).uniform(-3, 3, (2, N, 1)).astype(np.float32)  # order-sensitive
+    out, memo = tvm_ops.voxel_pooling_forward(geom, feat, 3, 2, 1)
+    np.testing.assert_array_equal(out, range_sums_in_order(geom, feat, 3, 2, 1, min(S, N)))
+    check(geom, feat, 3, 2, 1, (out, memo))
+
+
+def checks_problem(sizes):
+    return dataclasses.make_dataclass("Problem", ["sizes", "dtype"])(sizes, "float32")
+
+
+def test_point_splits_follow_the_model_not_the_thread_count():
+    plan = OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, point_splits="auto"))
+    sizes = {"B": 1, "N": 473088, "Y": 128, "X": 128, "C": 80}
+    assert point_splits(sizes, dict(plan, cores=2)) == 2
+    assert point_splits(dict(sizes, B=2), dict(plan, cores=2)) == 1
+    assert point_splits(dict(sizes, B=3), dict(plan, cores=16)) == 6  # ceil(16 / 3)
+    assert point_splits(dict(sizes, N=3), dict(plan, point_splits=4)) == 3  # at most N ranges
+    big = dict(sizes, Y=2**10, X=2**10, C=2**9)  # output 2^29 elements: range_sums < 2^31
+    assert point_splits(big, dict(plan, point_splits=8)) == 3
+    assert point_splits(dict(big, C=2**10), dict(plan, cores=16)) == 1
+    assert OP.workspaces(checks_problem(sizes), dict(plan, point_splits=1)) == {}
+    assert OP.workspaces(checks_problem(sizes), dict(plan, point_splits=2)) == {
+        "range_sums": ((1, 2, 128, 128, 80), "float32")}
+    with pytest.raises(ValueError, match="point_splits must be 'auto' or a positive integer"):
+        OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, point_splits=0))
 
 
 def inputs(b, n, c, x, y, z, spill=0, z_spill=0, seed=0):
@@ -160,12 +218,12 @@ def test_nan_propagates_to_exactly_its_voxel(algorithm, bad):
 
 # --- determinism: both algorithms sum every voxel in point order ----------------------
 DETERMINISM_CHILD = """
-import dataclasses, hashlib, os, numpy as np, tvm, tvm_ops
+import dataclasses, hashlib, json, os, numpy as np, tvm, tvm_ops
 from tvm_ops.ops.voxel_pooling_forward import OP
-if os.environ.get("VOXEL_ALGORITHM"):  # a child process: the parent's choice of kernel set
+if os.environ.get("VOXEL_KNOBS"):  # a child process: the parent's choice of kernel set
     llvm = OP.schedules["llvm"]
     OP.schedules = dict(OP.schedules, llvm=dataclasses.replace(
-        llvm, defaults=dict(llvm.defaults, algorithm=os.environ["VOXEL_ALGORITHM"])))
+        llvm, defaults=dict(llvm.defaults, **json.loads(os.environ["VOXEL_KNOBS"]))))
 rng = np.random.default_rng(11)
 geom = np.stack([rng.integers(-2, 6, (3, 40000)), rng.integers(-2, 5, (3, 40000)),
                  rng.integers(0, 2, (3, 40000))], -1).astype(np.int32)
@@ -177,7 +235,7 @@ print(tvm.runtime.num_threads(), hashlib.sha256(out.tobytes() + memo.tobytes()).
 
 def _child_digest(threads: int, algorithm: str) -> tuple[int, str]:
     env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               VOXEL_ALGORITHM=algorithm, TVM_OPS_RECORDS=os.devnull)
+               VOXEL_KNOBS=json.dumps(KERNEL_SETS[algorithm]), TVM_OPS_RECORDS=os.devnull)
     done = subprocess.run([sys.executable, "-c", DETERMINISM_CHILD], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -208,6 +266,9 @@ def test_same_bits_on_every_run_and_thread_count(algorithm):
     np.add.at(forward, voxel, rows)
     np.add.at(backward, voxel[::-1], rows[::-1])
     assert not np.array_equal(forward, backward)
+    # and the owner sets with S > 1 really take the point-range path on this problem
+    declared = OP.workspaces(checks_problem({"B": 3, "N": 40000, "Y": 3, "X": 4, "C": 35}), KERNEL_SETS[algorithm])
+    assert ("range_sums" in declared) == (KERNEL_SETS[algorithm] in (KERNEL_SETS["owner-S2"], KERNEL_SETS["owner-S4"]))
 
 
 def test_one_kernel_serves_many_shapes():

@@ -8,10 +8,13 @@ Contract: specs/voxel_pooling_forward.yaml.
 
 Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the
 default path `pool` (channels [0, C // V * V)) and `pool_tail` (channels
-[C // V * V, C), launched only when C % V != 0); with the CPU knob `algorithm: sort`
-`sort_points` and `segment_sum` instead (the BEVPool route; same bits, measured slower:
-schedules/voxel_pooling_forward.yaml). Coordinates of any int32 value are tested before the
-store, so nothing outside output_features is ever written.
+[C // V * V, C), launched only when C % V != 0); when the CPU knob `point_splits` gives
+S > 1 point ranges per batch (see point_splits()), `pool_split` (owner = batch x range, into
+a private slice of the workspace range_sums [B, S, Y, X, C]) and `combine` (slices summed in
+the order s = 0..S-1) instead: deterministic for a given S, other bits than S = 1; with
+`algorithm: sort` `sort_points` and `segment_sum` instead (the BEVPool route; same bits as
+S = 1, measured slower: schedules/voxel_pooling_forward.yaml). Coordinates of any int32
+value are tested before the store, so nothing outside output_features is ever written.
 
 - llvm (owner computes, no atomics): the scatter is written as a reduction
   over n. Each task owns an output slice (a batch, or a batch x channel-vector
@@ -20,7 +23,9 @@ store, so nothing outside output_features is ever written.
   the thread count: the bits are the same on every run and thread count.
   The V split is in the compute (TVM 0.27 scalarises a predicated split of a
   symbolic loop), and the tail is its own PrimFunc because decompose_reduction
-  needs the only writer of `out` in a function.
+  needs the only writer of `out` in a function. With S > 1 point ranges (B < cores)
+  the owner is (batch, range) and its slice is private (range_sums), summed by
+  `combine` in a fixed order: the bits depend on S, never on the thread count.
 - cuda (mlu-ops / BEVDepth): one thread per (point, channel) doing atomicAdd;
   the output is zero-filled on the device before the launch. TVM 0.27 has no
   schedule primitive that turns a store into an atomic, so this target has its
@@ -113,6 +118,81 @@ def _pool_tail(dtype: str, V: int):
                     out[vb, y, x, C // V * V + vct] = (out[vb, y, x, C // V * V + vct]
                                                        + feat[vb, vn, C // V * V + vct])
     return pool_tail
+
+
+def _pool_split(dtype: str, V: int):
+    """Owner = (batch b, point range s), S = part.shape[1] ranges chosen by launch: range s is
+    points [s * ceil(N / S), min((s + 1) * ceil(N / S), N)). It zero-fills its own slice
+    part[b, s] and adds its kept points' rows into it in point order: channels
+    [0, C // V * V) in V-wide vectors, then the C % V tail. `combine` sums the slices."""
+    zero = tvm.tirx.const(0, dtype)
+
+    @T.prim_func(s_tir=True)
+    def pool_split(geom_h: T.handle, feat_h: T.handle, part_h: T.handle, Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N, C, S, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        feat = T.match_buffer(feat_h, (B, N, C), dtype)
+        part = T.match_buffer(part_h, (B, S, Y, X, C), dtype)
+        for b, s in T.grid(B, S):
+            with T.sblock("pool_split"):
+                vb, vs = T.axis.remap("SS", [b, s])
+                T.reads(geom[vb, 0:N, 0:3], feat[vb, 0:N, 0:C])
+                T.writes(part[vb, vs, 0:Y, 0:X, 0:C])
+                for yy, xx, c in T.grid(Y, X, C):
+                    part[vb, vs, yy, xx, c] = zero
+                # the last ranges may be short or empty
+                for j in range(T.max(0, T.min((N + S - 1) // S, N - vs * ((N + S - 1) // S)))):
+                    n: T.let[T.int32] = vs * ((N + S - 1) // S) + j
+                    x: T.let[T.int32] = geom[vb, n, 0]
+                    y: T.let[T.int32] = geom[vb, n, 1]
+                    z: T.let[T.int32] = geom[vb, n, 2]
+                    if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                        for c0, c1 in T.grid(C // V, V):
+                            with T.sblock("pool_split_add"):
+                                vc0, vc1 = T.axis.remap("SS", [c0, c1])
+                                T.reads(part[vb, vs, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
+                                T.writes(part[vb, vs, y, x, vc0 * V + vc1])
+                                part[vb, vs, y, x, vc0 * V + vc1] = (part[vb, vs, y, x, vc0 * V + vc1]
+                                                                     + feat[vb, n, vc0 * V + vc1])
+                        for ct in range(C % V):
+                            part[vb, vs, y, x, C // V * V + ct] = (part[vb, vs, y, x, C // V * V + ct]
+                                                                   + feat[vb, n, C // V * V + ct])
+    return pool_split
+
+
+def _combine(dtype: str, V: int):
+    """output_features[b, y, x, :] = ((part[b, 0] + part[b, 1]) + ...) + part[b, S - 1] at
+    (y, x): a fixed order, so the bits depend on S only. Owner = a voxel (b, y, x); channels
+    [0, C // V * V) in V-wide vectors, then the C % V tail."""
+
+    @T.prim_func(s_tir=True)
+    def combine(part_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, S, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        part = T.match_buffer(part_h, (B, S, Y, X, C), dtype)
+        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+        for b, y, x in T.grid(B, Y, X):
+            with T.sblock("combine"):
+                vb, vy, vx = T.axis.remap("SSS", [b, y, x])
+                T.reads(part[vb, 0:S, vy, vx, 0:C])
+                T.writes(out[vb, vy, vx, 0:C])
+                # one block writes `out` (a second writer would break the vectorize check):
+                # slice 0 is copied, slices 1..S-1 added
+                for s, c0, c1 in T.grid(S, C // V, V):
+                    with T.sblock("combine_add"):
+                        vs, vc0, vc1 = T.axis.remap("SSS", [s, c0, c1])
+                        T.reads(out[vb, vy, vx, vc0 * V + vc1], part[vb, vs, vy, vx, vc0 * V + vc1])
+                        T.writes(out[vb, vy, vx, vc0 * V + vc1])
+                        out[vb, vy, vx, vc0 * V + vc1] = T.if_then_else(
+                            vs == 0, part[vb, 0, vy, vx, vc0 * V + vc1],
+                            out[vb, vy, vx, vc0 * V + vc1] + part[vb, vs, vy, vx, vc0 * V + vc1])
+                for ct in range(C % V):
+                    out[vb, vy, vx, C // V * V + ct] = part[vb, 0, vy, vx, C // V * V + ct]
+                    for s in range(1, S):
+                        out[vb, vy, vx, C // V * V + ct] = (out[vb, vy, vx, C // V * V + ct]
+                                                            + part[vb, s, vy, vx, C // V * V + ct])
+    return combine
 
 
 def _sort_points():
@@ -248,33 +328,56 @@ def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
     return (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
 
 
+def point_splits(sizes: dict, plan: dict) -> int:
+    """S, the point ranges per batch of the CPU owner path (1: one owner per batch).
+
+    "auto" = ceil(cores / B) from the target model's core count, never the runtime thread
+    count: S fixes the summation order, so one S gives the same bits on every thread count.
+    Capped at N (a range holds at least one point) and so that the workspace stays below
+    2^31 elements, like every tensor the int32-indexed kernels touch."""
+    splits = plan.get("point_splits", 1)
+    if splits == "auto":
+        splits = -(-plan["cores"] // sizes["B"])
+    grid = sizes["B"] * sizes["Y"] * sizes["X"] * sizes["C"]
+    return max(1, min(int(splits), sizes["N"], (2**31 - 1) // grid))
+
+
 class VoxelPoolingForward(Operator):
     name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", "pool", "pool_tail", "sort_points", "segment_sum")
+    kernel_names = ("pos_memo", "pool", "pool_tail", "pool_split", "combine", "sort_points",
+                    "segment_sum")
 
     def plan(self, model, knobs):
         if model.kind == "cuda":
             return {"vec": CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
         # V = one SIMD register of float32 (16 on AVX-512, 8 on AVX2)
+        splits = knobs["point_splits"]
+        if splits != "auto" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+            raise ValueError(f"point_splits must be 'auto' or a positive integer, got {splits!r}")
         return {"vec": max(model.vector_bytes // 4, 4), "algorithm": knobs["algorithm"],
+                "point_splits": splits, "cores": model.cores,
                 "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
                 "memo_chunk": int(knobs["memo_chunk"]), "unroll_points": int(knobs["unroll_points"])}
 
     def computes(self, dtype, plan, model):
         V = plan["vec"]
+        # every library holds every kernel name; the CUDA launch never calls the CPU-only
+        # sets (split ranges, sort): it takes the atomic path
+        shared = {"pool_split": _pool_split(dtype, V), "combine": _combine(dtype, V), "sort_points": _sort_points(),
+                  "segment_sum": _segment_sum(dtype, V)}
         if model.kind == "cuda":
-            # sort_points / segment_sum are built (every library has every kernel name) but the
-            # CUDA launch never calls them: it takes the atomic path
             return {"pos_memo": _pos_memo(), "pool": _pool_atomic(dtype, V, False),
-                    "pool_tail": _pool_atomic(dtype, V, True), "sort_points": _sort_points(),
-                    "segment_sum": _segment_sum(dtype, V)}
-        return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V),
-                "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
+                    "pool_tail": _pool_atomic(dtype, V, True), **shared}
+        return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V), **shared}
 
     def workspaces(self, problem, plan):
-        if plan.get("algorithm") != "sort":
-            return {}
         s = problem.sizes
+        if plan.get("algorithm") != "sort":
+            splits = point_splits(s, plan)
+            if splits == 1:
+                return {}  # pool writes output_features directly
+            # a private float32 slice of the output grid per point range
+            return {"range_sums": ((s["B"], splits, s["Y"], s["X"], s["C"]), problem.dtype)}
         # voxel boundaries [B, Y*X + 1] and the point indices sorted by voxel [B, N]
         return {"voxel_start": ((s["B"], s["Y"] * s["X"] + 1), "int32"), "sorted_points": ((s["B"], s["N"]), "int32")}
 
@@ -289,6 +392,11 @@ class VoxelPoolingForward(Operator):
             start, order = tensors["voxel_start"], tensors["sorted_points"]
             kernels["sort_points"](geom, start, order, s["X"], s["Y"], p["num_voxel_z"])
             kernels["segment_sum"](feat, start, order, out)
+            return
+        if point_splits(s, plan) > 1:
+            part = tensors["range_sums"]
+            kernels["pool_split"](geom, feat, part, p["num_voxel_z"])
+            kernels["combine"](part, out)
             return
         kernels["pool"](geom, feat, out, p["num_voxel_z"])
         if s["C"] % plan["vec"]:

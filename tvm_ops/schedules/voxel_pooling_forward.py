@@ -33,6 +33,30 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(b)
         sch.decompose_reduction(block, n)
         return
+    if kernel == "pool_split":
+        # owner = (batch, point range); channel vectors per kept point
+        b, s = sch.get_loops(sch.get_sblock("pool_split"))
+        sch.parallel(sch.fuse(b, s))
+        add = sch.get_sblock("pool_split_add")
+        sch.unsafe_hide_buffer_access(add, "read", [0])  # each lane reads and writes only its own element
+        *_, c1 = sch.get_loops(add)
+        lanes = model.lanes("float32")
+        if lanes < plan["vec"]:
+            _, c1 = sch.split(c1, [None, lanes])
+        sch.vectorize(c1)
+        return
+    if kernel == "combine":
+        # owner = a voxel (b, y, x): its S slices summed in order s = 0..S-1, channel vectors
+        b, y, x = sch.get_loops(sch.get_sblock("combine"))
+        sch.parallel(sch.fuse(b, y))
+        lanes = model.lanes("float32")
+        add = sch.get_sblock("combine_add")
+        sch.unsafe_hide_buffer_access(add, "read", [0])  # each lane reads and writes only its own element
+        c1 = sch.get_loops(add)[-1]
+        if lanes < plan["vec"]:
+            _, c1 = sch.split(c1, [None, lanes])
+        sch.vectorize(c1)
+        return
     # pool: owner = (batch, group of c_vecs_per_task channel vectors); 0 = the whole batch
     block = sch.get_sblock("pool")
     b, c0, n, c1 = sch.get_loops(block)
@@ -69,6 +93,11 @@ def cuda(sch, kernel, model, plan):
         b, y, x = sch.get_loops(sch.get_sblock("segment"))
         bx, tx = sch.split(sch.fuse(y, x), [None, plan["threads"]])
         sch.bind(b, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        return
+    if kernel in ("pool_split", "combine"):  # CPU-only; never launched on CUDA
+        bx, tx = sch.split(sch.fuse(*sch.get_loops(sch.get_sblock(kernel))[:2]), [None, 32])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         return
