@@ -470,6 +470,9 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
             for record in chunk:
                 args = (op.name, dtype, model, record["knobs"], f"tuned:{record['id']}", str(cache))
                 builds.append(pool.submit(_build_one, *args) if pool else args)
+            # every build of the chunk finishes before the first timing: a build still running
+            # on the other core would slow the candidates timed early (the baseline first)
+            cf.wait([job for job in builds if isinstance(job, cf.Future)], timeout=timeout)
             for record, job in zip(chunk, builds):
                 _measure(op, dtype, model, harness, record, job, timeout, repeat)
                 append_record(path, record)
