@@ -322,3 +322,28 @@ def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
     monkeypatch.setattr(type(OP), "launch", allocating_launch)
     with pytest.raises(NotSupportedError, match="cannot run over RPC"):
         traced(OP, CASE)
+
+
+@pytest.mark.parametrize("name", ["border_align_backward", "dynamic_scatter_backward", "ms_deform_attn_backward",
+                                  "three_interpolate_backward", "voxel_pooling_forward"])
+@pytest.mark.parametrize("kind", ["llvm", "cuda"])
+def test_every_launch_replays_over_rpc(name, kind):
+    """Each op's launch only calls kernels on its tensors and declared workspaces (what must
+    start at zero is declared too), so `tune --rpc-tracker` can replay it on a board, CPU or GPU."""
+    import dataclasses
+
+    from tvm_ops import checks, runner
+
+    op = get(name)
+    model = targets.resolve("llvm") if kind == "llvm" else targets.cuda("sm_80")
+    case = next(c for c in op.spec.cases if c.set == "network" and c.expect == "ok")
+    for dtype in op.spec.float_dtypes:
+        inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+        problem = checks.check(op.spec, inputs, params, {}, op.rules)
+        if kind == "cuda":
+            problem = dataclasses.replace(problem, kind="torch", device="cuda")
+        plan = op.plan(model, op.schedules[kind].defaults)
+        calls = tune.trace_launch(op, problem, plan)
+        used = {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
+        assert set(op.zeroed(problem, plan)) <= used | set(op.workspaces(problem, plan))
+        assert {t.name for t in op.spec.outputs} <= used

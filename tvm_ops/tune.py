@@ -158,8 +158,8 @@ class Harness:
         if self.workspaces_for != knobs_key(kernels.plan or {}):
             self.tensors.update(self.op.allocate_workspaces(self.problem, kernels.plan))
             self.workspaces_for = knobs_key(kernels.plan or {})
-        for name in self.op.zero_filled_outputs:
-            interop.zero(self.results[name])
+        for name in self.op.zeroed(self.problem, kernels.plan):
+            interop.zero(self.tensors[name])
         self.op.launch(kernels, self.problem, self.tensors)
         if self.sync is not None:
             self.sync()
@@ -360,10 +360,13 @@ class RpcHarness:
         name = f"{entry.name}-{self.uploads}.so"
         sess.upload(str(entry / "lib.so"), target=name)
         lib = sess.load_module(name)
+        zeroed = self.op.zeroed(self.problem, plan)
         for out_name, value in self.outputs.items():  # poisoned outputs: unwritten elements fail
-            fill = 0 if out_name in self.op.zero_filled_outputs or not np.issubdtype(value.dtype, np.floating) \
-                else np.nan
+            fill = np.nan if np.issubdtype(value.dtype, np.floating) else 0
             self.remote[out_name].copyfrom(np.full(value.shape, fill, value.dtype))
+        for name in zeroed:  # what the kernels accumulate into starts at zero, as in a call
+            tensor = self.remote[name]
+            tensor.copyfrom(np.zeros(tuple(tensor.shape), tensor.dtype))
         args = [(kernel, [self.remote[a.name] if isinstance(a, _Ref) else a for a in call_args])
                 for kernel, call_args in calls]
         for kernel, call_args in args:

@@ -18,7 +18,6 @@ from .. import checks, interop, records, schedule_file, spec, targets
 class Operator:
     name: str = ""
     kernel_names: tuple = ()  # kernels of one call, in launch order
-    zero_filled_outputs: tuple = ()  # outputs the kernels accumulate into (zeroed on the host)
 
     def __init__(self):
         self.spec = spec.load(self.name)
@@ -47,6 +46,11 @@ class Operator:
         Declared rather than allocated inside launch, so the tuner can allocate them once
         and replay launch's kernel calls on a remote device."""
         return {}
+
+    def zeroed(self, problem: checks.Problem, plan: dict) -> tuple:
+        """Outputs and workspaces the kernels accumulate into (CUDA atomics): the call path
+        zero-fills them before launch, and a replay on a remote device does the same."""
+        return ()
 
     def launch(self, kernels: dict, problem: checks.Problem, tensors: dict) -> None:
         """Call the kernels on `tensors`: the inputs, the outputs and the workspaces, by name.
@@ -94,11 +98,11 @@ class Operator:
             return self._returned(results)
         targets.require_runnable(model)
         kernels = build.kernels(self, problem.dtype, model, records.problem_class(self.spec, problem))
-        for name in self.zero_filled_outputs:
-            interop.zero(results[name])
         tensors = {name: interop.contiguous(info) for name, info in problem.inputs.items()}
         tensors.update(results)
         tensors.update(self.allocate_workspaces(problem, kernels.plan))
+        for name in self.zeroed(problem, kernels.plan):
+            interop.zero(tensors[name])
         self.launch(kernels, problem, tensors)
         return self._returned(results)
 

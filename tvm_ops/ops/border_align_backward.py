@@ -44,7 +44,6 @@ from __future__ import annotations
 import numpy as np
 from tvm.script import tirx as T
 
-from .. import interop
 from ..errors import BadParamError
 from .base import Operator
 
@@ -331,13 +330,16 @@ class BorderAlignBackward(Operator):
         s = problem.sizes
         return {"accumulator": ((s["N"], s["H"], s["W"], s["Q"]), "float32")}
 
+    def zeroed(self, problem, plan):
+        if problem.device != "cuda":
+            return ()  # the CPU owners zero their tiles
+        return ("grad_input",) if problem.dtype == "float32" else ("accumulator",)  # atomics add into zeros
+
     def launch(self, kernels, problem, tensors):
         c = problem.sizes["C"]
         pool = problem.params["pool_size"]
         go, bx, am, out = (tensors[t] for t in ("grad_output", "boxes", "argmax_idx", "grad_input"))
         acc = tensors.get("accumulator", out)
-        if problem.device == "cuda":  # the atomics add into zeros (the CPU owners zero their tiles)
-            interop.zero(acc)
         lanes = kernels.plan["owner_lanes"]  # the main kernel covers C // lanes * lanes channels
         if c >= lanes:
             kernels[SCATTER](go, bx, am, acc, pool)

@@ -169,7 +169,6 @@ def _grouped_max(values: np.ndarray, groups: np.ndarray, count: int, fill: float
 class DynamicScatterBackward(Operator):
     name = "dynamic_scatter_backward"
     kernel_names = ("max_init", "max_traceback", "max_scatter", "sum_scatter", "mean_scatter")
-    zero_filled_outputs = ()  # every kernel path writes every element of grad_feats
 
     # --- contract -----------------------------------------------------------
     def rules(self, problem):

@@ -447,11 +447,12 @@ class MsDeformAttnBackward(Operator):
                     for name in KERNELS}
         return {name: cuda_backward_compute(dtype) for name in KERNELS}
 
+    def zeroed(self, problem, plan):
+        return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it
+
     def launch(self, kernels, problem, tensors):
         suffix = ""
-        if problem.device == "cuda":
-            tensors["grad_value"].zero_()  # atomicAdd accumulates into it (a torch CUDA tensor)
-        elif policy_llvm(problem.sizes, kernels.plan):  # the loaded library's knobs
+        if problem.device == "cpu" and policy_llvm(problem.sizes, kernels.plan):  # the library's knobs
             suffix = "_private"
         # the CPU kernels write every element of the three outputs (np.empty is fine)
         kernels["backward" + suffix](*(tensors[k] for k in (

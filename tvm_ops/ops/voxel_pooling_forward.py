@@ -38,7 +38,6 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from ..interop import zero as _zero
 from .base import Operator
 
 CUDA_VEC = 32  # CUDA main/tail channel split: a warp of channels
@@ -381,12 +380,14 @@ class VoxelPoolingForward(Operator):
         # voxel boundaries [B, Y*X + 1] and the point indices sorted by voxel [B, N]
         return {"voxel_start": ((s["B"], s["Y"] * s["X"] + 1), "int32"), "sorted_points": ((s["B"], s["N"]), "int32")}
 
+    def zeroed(self, problem, plan):
+        # CUDA atomics accumulate into the output; the llvm kernels zero their own slices
+        return ("output_features",) if problem.device == "cuda" else ()
+
     def launch(self, kernels, problem, tensors):
         s, p, plan = problem.sizes, problem.params, kernels.plan
         geom, feat = tensors["geom_xyz"], tensors["input_features"]
         out, memo = tensors["output_features"], tensors["pos_memo"]
-        if problem.device == "cuda":
-            _zero(out)  # atomics accumulate into it; the llvm kernels zero their own slices
         kernels["pos_memo"](geom, memo, s["X"], s["Y"], p["num_voxel_z"])
         if plan.get("algorithm") == "sort":
             start, order = tensors["voxel_start"], tensors["sorted_points"]
