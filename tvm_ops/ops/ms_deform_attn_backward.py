@@ -196,7 +196,7 @@ def cuda_backward_compute(dtype: str):
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
                  attn_h: T.handle, gout_h: T.handle, gv_h: T.handle, gloc_h: T.handle,
                  gattn_h: T.handle):
-        T.func_attr({"tir.noalias": True})
+        T.func_attr({"tirx.noalias": True})
         B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         value = T.match_buffer(value_h, (B, K, H, C), dtype)
         shapes = T.match_buffer(shapes_h, (L, 2), "int32")
@@ -346,7 +346,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
                  attn_h: T.handle, gout_h: T.handle, gv_h: T.handle, gloc_h: T.handle,
                  gattn_h: T.handle):
-        T.func_attr({"tir.noalias": True})
+        T.func_attr({"tirx.noalias": True})
         B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         value = T.match_buffer(value_h, (B, K, H, C), dtype)
         shapes = T.match_buffer(shapes_h, (L, 2), "int32")
