@@ -222,6 +222,13 @@ def test_cli_tune_and_list(tmp_path):
     assert listed.returncode == 0, listed.stderr
     assert "float32: hand-tuned" in listed.stdout and "float16: hand-tuned" in listed.stdout
     assert f"shape class {SHAPE_CLASS}: tuned:{CASE}" in listed.stdout
+    # build compiles the hand-tuned library and the tuned class's best (when its knobs differ)
+    built = subprocess.run([sys.executable, "-m", "tvm_ops", "build", "--op", OP.name, "--dtype", "float32",
+                            "--out", str(tmp_path / "libs")], env=env, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    best = records.best(OP, "float32", targets.resolve("llvm"), SHAPE_CLASS, path)
+    origins = [line.split()[6] for line in built.stdout.splitlines() if line.startswith(OP.name)]
+    assert origins == ["hand-tuned"] + ([f"tuned:{CASE}"] if best["knobs"] != OP.schedules["llvm"].defaults else [])
     # --shape: another size of the same case is its own shape class
     done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
                            "--shape", "N=32", "--trials", "1", "--records", str(path), "--workers", "1",
