@@ -1,6 +1,22 @@
 """Schedule recipes for voxel_pooling_forward (knobs: schedules/voxel_pooling_forward.yaml)."""
 
 
+def _vectorize_channels(sch, loop, model, plan):
+    """The channel-vector loop (plan["vec"] wide) in SIMD registers of the target's width."""
+    lanes = model.lanes("float32")
+    if lanes < plan["vec"]:
+        _, loop = sch.split(loop, [None, lanes])
+    sch.vectorize(loop)
+
+
+def _vectorize_own_lane_adds(sch, block, model, plan):
+    """A block out[.., c] += x[.., c] over its innermost channel loop: each lane reads and writes
+    only its own element, so hiding the read of `out` (read 0) is safe and lets `vectorize`
+    accept the block."""
+    sch.unsafe_hide_buffer_access(block, "read", [0])
+    _vectorize_channels(sch, sch.get_loops(block)[-1], model, plan)
+
+
 def llvm(sch, kernel, model, plan):
     if kernel == "sort_points":  # owner = a batch (its start/order rows); serial inside
         (b,) = sch.get_loops(sch.get_sblock("sort_points"))
@@ -10,15 +26,7 @@ def llvm(sch, kernel, model, plan):
         # owner = a voxel: (b, y, x) fused over the thread pool; channel vectors per point
         b, y, x = sch.get_loops(sch.get_sblock("segment"))
         sch.parallel(sch.fuse(b, y, x))
-        add = sch.get_sblock("segment_add")
-        # out[v, c] += feat[n, c]: each lane reads and writes only its own element, so
-        # hiding the read of `out` (read 0) is safe and lets `vectorize` accept the block
-        sch.unsafe_hide_buffer_access(add, "read", [0])
-        _k, _c0, c1 = sch.get_loops(add)
-        lanes = model.lanes("float32")
-        if lanes < plan["vec"]:
-            _, c1 = sch.split(c1, [None, lanes])
-        sch.vectorize(c1)
+        _vectorize_own_lane_adds(sch, sch.get_sblock("segment_add"), model, plan)
         return
     if kernel == "pos_memo":
         b, n, k = sch.get_loops(sch.get_sblock("pos_memo"))
@@ -37,25 +45,13 @@ def llvm(sch, kernel, model, plan):
         # owner = (batch, point range); channel vectors per kept point
         b, s = sch.get_loops(sch.get_sblock("pool_split"))
         sch.parallel(sch.fuse(b, s))
-        add = sch.get_sblock("pool_split_add")
-        sch.unsafe_hide_buffer_access(add, "read", [0])  # each lane reads and writes only its own element
-        *_, c1 = sch.get_loops(add)
-        lanes = model.lanes("float32")
-        if lanes < plan["vec"]:
-            _, c1 = sch.split(c1, [None, lanes])
-        sch.vectorize(c1)
+        _vectorize_own_lane_adds(sch, sch.get_sblock("pool_split_add"), model, plan)
         return
     if kernel == "combine":
         # owner = a voxel (b, y, x): its S slices summed in order s = 0..S-1, channel vectors
         b, y, x = sch.get_loops(sch.get_sblock("combine"))
         sch.parallel(sch.fuse(b, y))
-        lanes = model.lanes("float32")
-        add = sch.get_sblock("combine_add")
-        sch.unsafe_hide_buffer_access(add, "read", [0])  # each lane reads and writes only its own element
-        c1 = sch.get_loops(add)[-1]
-        if lanes < plan["vec"]:
-            _, c1 = sch.split(c1, [None, lanes])
-        sch.vectorize(c1)
+        _vectorize_own_lane_adds(sch, sch.get_sblock("combine_add"), model, plan)
         return
     # pool: owner = (batch, group of c_vecs_per_task channel vectors); 0 = the whole batch
     block = sch.get_sblock("pool")
@@ -71,10 +67,7 @@ def llvm(sch, kernel, model, plan):
         sch.reorder(b, cg, n, cw, c1)
         owner = sch.fuse(b, cg)
     sch.parallel(owner)
-    lanes = model.lanes("float32")
-    if lanes < plan["vec"]:
-        _, c1 = sch.split(c1, [None, lanes])
-    sch.vectorize(c1)
+    _vectorize_channels(sch, c1, model, plan)
     points = n
     if plan["unroll_points"] > 1:
         # several points in flight: their random output rows are fetched in parallel
