@@ -110,11 +110,7 @@ def cmd_tune(args) -> int:
         rpc = tune.TrackerRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
     else:
         targets.require_runnable(model)  # measured here: the target must run on this machine
-    name = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
-    case = next((c for c in op.spec.cases if c.name == name), None)
-    if case is None:
-        raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
-    case = tune.with_shape(op, case, dict(args.shape or []))
+    case = tune.with_shape(op, tune.find_case(op, args.case), dict(args.shape or []))
     result = tune.tune(op, args.dtype, model, case, trials=args.trials, records_path=args.records,
                        timeout=args.timeout, repeat=args.repeat, workers=args.workers, seed=args.seed,
                        progress=True, rpc=rpc)
@@ -142,11 +138,7 @@ def _meta_schedule(args, op, model) -> int:
 
     if args.rpc_tracker or args.rpc_key:
         raise BadParamError("--meta-schedule measures on this machine; it does not take --rpc-tracker")
-    name = args.case or next(c.name for c in op.spec.cases if c.set == "network" and c.expect == "ok")
-    case = next((c for c in op.spec.cases if c.name == name), None)
-    if case is None:
-        raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
-    case = tune.with_shape(op, case, dict(args.shape or []))
+    case = tune.with_shape(op, tune.find_case(op, args.case), dict(args.shape or []))
     result = meta_schedule_baseline.compare(op, case, args.dtype, model, trials=args.trials, timeout=args.timeout,
                                             repeat=args.repeat, seed=args.seed)
     print("\n".join(result.lines()))

@@ -498,7 +498,7 @@ def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, 
     if trials < 1:
         raise BadParamError(f"trials must be at least 1, got {trials}")
     if isinstance(case, str):
-        case = next((c for c in op.spec.cases if c.name == case), None) or tune._no_case(op, case)
+        case = tune.find_case(op, case)
     root = Path(work_dir) if work_dir else build.cache_dir() / "meta_schedule" / f"{op.name}-{case.name}-{dtype}"
     prepared = tune.prepare(op, case, dtype)
     harness = tune.Harness(op, case, dtype, model, prepared)

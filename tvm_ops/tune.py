@@ -101,7 +101,6 @@ def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin
 class Prepared:
     """A case's generated host inputs and parameters, checked: what every harness starts from."""
 
-    case: object  # spec.Case
     generated: tuple  # (inputs, params) from op.make_inputs
     problem: checks.Problem  # checked on the host tensors
     shape_class: str  # what the records are keyed by (records.shape_class)
@@ -112,7 +111,17 @@ def prepare(op, case, dtype: str) -> Prepared:
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     if problem.empty:
         raise BadParamError(f"{op.name}: case {case.name} has no elements: nothing to tune")
-    return Prepared(case, (inputs, params), problem, records.problem_class(op.spec, problem))
+    return Prepared((inputs, params), problem, records.problem_class(op.spec, problem))
+
+
+def find_case(op, name: str | None):
+    """The spec case called `name`; None: the op's first network case that runs."""
+    if name is None:
+        return next(c for c in op.spec.cases if c.set == "network" and c.expect == "ok")
+    case = next((c for c in op.spec.cases if c.name == name), None)
+    if case is None:
+        raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
+    return case
 
 
 def with_shape(op, case, overrides: dict):
@@ -413,7 +422,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
     import tvm
 
     if isinstance(case, str):
-        case = next((c for c in op.spec.cases if c.name == case), None) or _no_case(op, case)
+        case = find_case(op, case)
     prepared = prepare(op, case, dtype)
     path = Path(records_path) if records_path else records.records_path()
     runner_name = rpc.name if rpc is not None else LocalWorker.name
@@ -495,12 +504,6 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
     return result
-
-
-def _no_case(op, name):
-    from .errors import BadParamError
-
-    raise BadParamError(f"{op.name}: no spec case named {name!r}; see `python -m tvm_ops list`")
 
 
 def _measure(op, dtype, model, harness, record, job, timeout, repeat) -> None:
