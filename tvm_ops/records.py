@@ -51,15 +51,22 @@ def problem_class(op_spec, problem) -> str:
 
 
 _cache: dict = {}  # path -> ((mtime_ns, size), records): re-read only when the file changes
+_chosen: dict = {}  # (path, op, dtype, target, defaults, shape class) -> (stamp, best()): asked per call
+
+
+def _stamp(path: Path):
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def read(path: Path) -> list[dict]:
     """The JSON-lines records of `path` ([] when missing); a torn or foreign line is skipped."""
-    try:
-        stat = path.stat()
-    except OSError:
+    stamp = _stamp(path)
+    if stamp is None:
         return []
-    stamp = (stat.st_mtime_ns, stat.st_size)
     cached = _cache.get(str(path))
     if cached and cached[0] == stamp:
         return cached[1]
@@ -91,12 +98,18 @@ def best(op, dtype: str, model: targets.TargetModel, shape_class: str, path: Pat
     Two cases of one class may both have been tuned: a record is ranked by its
     speed-up over the hand-tuned default measured on the same case, then by its median.
     """
-    rows = [r for r in usable(op, dtype, model, path) if r.get("shape_class") == shape_class]
-    if not rows:
-        return None
+    path = path or records_path()
     defaults = op.schedules[model.kind].defaults
-    base = {r.get("case"): r["median_s"] for r in rows if r["knobs"] == defaults}
-    return min(rows, key=lambda r: (r["median_s"] / base.get(r.get("case"), r["median_s"]), r["median_s"]))
+    key = (str(path), op.name, dtype, model.key, tuple(sorted(defaults.items())), shape_class)
+    stamp = _stamp(path)
+    cached = _chosen.get(key)
+    if cached is None or cached[0] != stamp:
+        rows = [r for r in usable(op, dtype, model, path) if r.get("shape_class") == shape_class]
+        base = {r.get("case"): r["median_s"] for r in rows if r["knobs"] == defaults}
+        chosen = min(rows, key=lambda r: (r["median_s"] / base.get(r.get("case"), r["median_s"]), r["median_s"]),
+                     default=None)
+        cached = _chosen[key] = (stamp, chosen)
+    return cached[1]
 
 
 def tuned_classes(op, dtype: str, model: targets.TargetModel, path: Path | None = None) -> list[str]:
