@@ -108,16 +108,16 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
         if atomic:
             if SG[l] != T.float32(0):  # a thread with nothing to add issues no atomics
                 col = T.meta_var(vs * C + c0 + l)
-                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_lo, x_lo, col]), SG[l] * hy * hx))
-                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_lo, x_hi, col]), SG[l] * hy * lx))
-                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_hi, x_lo, col]), SG[l] * ly * hx))
-                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_hi, x_hi, col]), SG[l] * ly * lx))
+                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_lo, x_lo, col]), SG[l] * (hy * hx)))
+                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_lo, x_hi, col]), SG[l] * (hy * lx)))
+                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_hi, x_lo, col]), SG[l] * (ly * hx)))
+                T.evaluate(T.cuda.atomic_add(T.address_of(ACC[vn, y_hi, x_hi, col]), SG[l] * (ly * lx)))
         else:
             # in order: at the map edge two corners are the same pixel
-            ACC[y_lo, x_lo, l] = ACC[y_lo, x_lo, l] + SG[l] * hy * hx
-            ACC[y_lo, x_hi, l] = ACC[y_lo, x_hi, l] + SG[l] * hy * lx
-            ACC[y_hi, x_lo, l] = ACC[y_hi, x_lo, l] + SG[l] * ly * hx
-            ACC[y_hi, x_hi, l] = ACC[y_hi, x_hi, l] + SG[l] * ly * lx
+            ACC[y_lo, x_lo, l] = ACC[y_lo, x_lo, l] + SG[l] * (hy * hx)
+            ACC[y_lo, x_hi, l] = ACC[y_lo, x_hi, l] + SG[l] * (hy * lx)
+            ACC[y_hi, x_lo, l] = ACC[y_hi, x_lo, l] + SG[l] * (ly * hx)
+            ACC[y_hi, x_hi, l] = ACC[y_hi, x_hi, l] + SG[l] * (ly * lx)
 
 
 @T.macro(hygienic=False)
@@ -129,16 +129,17 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
     their gradient at its 4 corners: each add is one contiguous tile row (vector
     load/FMA/store, no scatter); the other lanes add +0 (the tile starts at +0 and the weights
     are >= 0, so +0 changes no bit). Per lane the adds keep _spread's order and products
-    ((g * hy) * hx), so the bits match corner_adds=per_lane."""
-    SY = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")  # clamped sample y (0 if invalid)
-    SX = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")
-    OK = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")    # 1: sample inside [-1, H] x [-1, W]
-    YL = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")    # corners
-    XL = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")
-    YH = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")
-    XH = T.alloc_buffer((SAMPLE_BLOCK,), "int32", scope="local")
-    LY = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")  # fractions
-    LX = T.alloc_buffer((SAMPLE_BLOCK,), "float32", scope="local")
+    (g * (hy * hx): one vector FMA per corner, the weight product is per sample), so the bits
+    match corner_adds=per_lane."""
+    SY = T.alloc_buffer((SAMPLE_BLOCK,), "float32")  # clamped sample y (0 if invalid)
+    SX = T.alloc_buffer((SAMPLE_BLOCK,), "float32")
+    OK = T.alloc_buffer((SAMPLE_BLOCK,), "int32")    # 1: sample inside [-1, H] x [-1, W]
+    YL = T.alloc_buffer((SAMPLE_BLOCK,), "int32")    # corners
+    XL = T.alloc_buffer((SAMPLE_BLOCK,), "int32")
+    YH = T.alloc_buffer((SAMPLE_BLOCK,), "int32")
+    XH = T.alloc_buffer((SAMPLE_BLOCK,), "int32")
+    LY = T.alloc_buffer((SAMPLE_BLOCK,), "float32")  # fractions
+    LX = T.alloc_buffer((SAMPLE_BLOCK,), "float32")
     fp = T.meta_var(T.Cast("float32", pool_size))
     x0 = T.meta_var(T.Cast("float32", BX[vn, vk, 0]))
     y0 = T.meta_var(T.Cast("float32", BX[vn, vk, 1]))
@@ -146,6 +147,14 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
     y1 = T.meta_var(T.Cast("float32", BX[vn, vk, 3]))
     step_x = T.meta_var(T.Select(vs == 0, (x1 - x0) / fp, T.Select(vs == 2, (x0 - x1) / fp, T.float32(0))))
     step_y = T.meta_var(T.Select(vs == 1, (y1 - y0) / fp, T.Select(vs == 3, (y0 - y1) / fp, T.float32(0))))
+    # the lanes' argmax and gradient, loaded once per box into registers (small constant-size
+    # buffers are stack allocas that LLVM promotes; read inside the sample loop, after the
+    # tile's stores, they were reloaded for every sample)
+    AS = T.alloc_buffer((lanes,), "int32")
+    GS = T.alloc_buffer((lanes,), "float32")
+    for l in lane_loop(lanes):
+        AS[l] = AM[vn, vk, vs, c0 + l]
+        GS[l] = T.Cast("float32", GO[vn, vk, vs, c0 + l])
     for b in range((pool_size + SAMPLE_BLOCK) // SAMPLE_BLOCK):  # blocks of samples 0..pool_size
         # two loops, the second reading what the first staged (a local array written and read
         # in the same vectorised iteration is compacted to 1 element: wrong results)
@@ -172,13 +181,12 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
                 hy = T.meta_var(T.float32(1) - LY[j])
                 hx = T.meta_var(T.float32(1) - LX[j])
                 for l in lane_loop(lanes):
-                    g = T.meta_var(T.Select(AM[vn, vk, vs, c0 + l] == b * SAMPLE_BLOCK + j,
-                                            T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0)))
+                    g = T.meta_var(T.Select(AS[l] == b * SAMPLE_BLOCK + j, GS[l], T.float32(0)))
                     # in order: at the map edge two corners are the same pixel
-                    ACC[YL[j], XL[j], l] = ACC[YL[j], XL[j], l] + g * hy * hx
-                    ACC[YL[j], XH[j], l] = ACC[YL[j], XH[j], l] + g * hy * LX[j]
-                    ACC[YH[j], XL[j], l] = ACC[YH[j], XL[j], l] + g * LY[j] * hx
-                    ACC[YH[j], XH[j], l] = ACC[YH[j], XH[j], l] + g * LY[j] * LX[j]
+                    ACC[YL[j], XL[j], l] = ACC[YL[j], XL[j], l] + g * (hy * hx)
+                    ACC[YL[j], XH[j], l] = ACC[YL[j], XH[j], l] + g * (hy * LX[j])
+                    ACC[YH[j], XL[j], l] = ACC[YH[j], XL[j], l] + g * (LY[j] * hx)
+                    ACC[YH[j], XH[j], l] = ACC[YH[j], XH[j], l] + g * (LY[j] * LX[j])
 
 
 @T.macro(hygienic=False)
