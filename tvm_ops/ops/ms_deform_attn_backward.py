@@ -52,6 +52,8 @@ from ..errors import BadParamError
 from .base import Operator
 
 KERNELS = ("backward", "backward_private")
+# prefetch: the per-query rows (locations, weights, gradient, outputs) of query q + INPUT_AHEAD
+INPUT_AHEAD = 2
 
 
 # --------------------------------------------------------------------------
@@ -251,9 +253,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
         return tirx.Cast(dtype, tirx.Cast("float64", coord) * tirx.Cast("float64", size) - tirx.const(0.5, "float64"))
 
     @T.macro
-    def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C):
-        # every sample of the (b, h) slice; slice row r is row r*scale + offset of vbuf / gbuf
-        for q, l, p in T.grid(Q, L, P):
+    def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, q, l, p):
             with T.sblock("sample"):
                 T.reads()
                 T.writes()
@@ -342,6 +342,32 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
                     gloc[b, q, h, l, p, 1] = T.Cast(dtype, hl) * a * ((one - lw) * (d[2] - d[0]) + lw * (d[3] - d[1]))
 
 
+    @T.macro
+    def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat):
+        # every sample of the (b, h) slice, in (q, l, p) order; slice row r is row
+        # r*scale + offset of vbuf / gbuf
+        for q in range(Q):
+            with T.sblock("query"):
+                T.reads()
+                T.writes()
+                if prefetch and q + INPUT_AHEAD < Q:
+                    # the rows of query q + INPUT_AHEAD: its locations (read by one_sample to
+                    # prefetch the next query's corner rows, so they must not miss), weights,
+                    # gradient, and the output rows it writes (one line per 16 words; a query's
+                    # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware prefetchers
+                    # did not follow: the location loads were the kernel's hottest spot)
+                    qa: T.let = (b * Q + q + INPUT_AHEAD) * H + h
+                    for i in range((L * P * 2 + 15) // 16):
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[0][qa * L * P * 2 + i * 16]), 0, 3, 1))
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[3][qa * L * P * 2 + i * 16]), 1, 3, 1))
+                    for i in range((L * P + 15) // 16):
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[1][qa * L * P + i * 16]), 0, 3, 1))
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[4][qa * L * P + i * 16]), 1, 3, 1))
+                    for i in range((C + 15) // 16):
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[2][qa * C + i * 16]), 0, 3, 1))
+                for l, p in T.grid(L, P):
+                    one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, q, l, p)
+
     @T.prim_func(s_tir=True)
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
                  attn_h: T.handle, gout_h: T.handle, gv_h: T.handle, gloc_h: T.handle,
@@ -357,6 +383,12 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
         gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
         gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
         gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
+        # flat views of the per-query inputs and outputs, for the prefetches
+        flat = T.meta_var([T.decl_buffer((B * Q * H * L * P * 2,), dtype, data=loc.data),
+                           T.decl_buffer((B * Q * H * L * P,), dtype, data=attn.data),
+                           T.decl_buffer((B * Q * H * C,), dtype, data=gout.data),
+                           T.decl_buffer((B * Q * H * L * P * 2,), dtype, data=gloc.data),
+                           T.decl_buffer((B * Q * H * L * P,), dtype, data=gattn.data)])
         value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data)
         gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data)
         if not private:
@@ -384,7 +416,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
                         for c in range(C % V):
                             vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
                             gbuf[r, C // V * V + c] = zero
-                    samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C)
+                    samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat)
                     for r in range(K):
                         for c0 in range(C // V):
                             for j in T.vectorized(V):
@@ -393,7 +425,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
                             gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
                 else:
                     samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc, gattn,
-                            b, h, K, Q, L, P, C)
+                            b, h, K, Q, L, P, C, H, flat)
 
     return backward
 
