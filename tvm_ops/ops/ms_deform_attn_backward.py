@@ -52,8 +52,11 @@ from ..errors import BadParamError
 from .base import Operator
 
 KERNELS = ("backward", "backward_private")
-# prefetch: the per-query rows (locations, weights, gradient, outputs) of query q + INPUT_AHEAD
-INPUT_AHEAD = 2
+
+
+def queries_ahead(samples: int, L, P):
+    """Prefetch distance in queries: `samples` samples, at least one query."""
+    return tirx.max(1, samples // tirx.max(L * P, 1))
 
 
 # --------------------------------------------------------------------------
@@ -224,7 +227,7 @@ def cuda_backward_compute(dtype: str):
     return backward
 
 
-def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
+def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
     """The CPU kernel, written in its scheduled form (see the module docstring): one pass
     over the samples computes all three outputs.
 
@@ -242,8 +245,10 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
     end (that write-back is also the zero-fill of the slice). Pays off when a slice
     receives many samples (BEVFormer); otherwise grad_value is zero-filled by one
     parallel pass over contiguous rows first.
-    prefetch: while on sample (q, l, p), prefetch the corner rows of sample
-    (q + 1, l, p) (clamped into the slice, so the address is always in bounds).
+    prefetch (samples ahead, 0: off): with A = max(1, prefetch // (L*P)) queries, while
+    on sample (q, l, p) prefetch into L2 the corner rows of sample (q + A, l, p) (clamped
+    into the slice, so the address is always in bounds), and while on query q the
+    per-query rows of query q + 2A (so the locations that prefetch reads are in cache).
     """
     V = lanes
     zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
@@ -264,18 +269,18 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
                 d = T.sblock_alloc_buffer((4,), dtype)
                 hl: T.let = shapes[l, 0]
                 wl: T.let = shapes[l, 1]
-                if prefetch and q + 1 < Q:
+                if prefetch > 0 and q + queries_ahead(prefetch, L, P) < Q:
                     # clamped into the level and into [0, K): always in bounds
-                    hn: T.let = position(loc[b, q + 1, h, l, p, 1], hl)
-                    wn: T.let = position(loc[b, q + 1, h, l, p, 0], wl)
+                    hn: T.let = position(loc[b, q + queries_ahead(prefetch, L, P), h, l, p, 1], hl)
+                    wn: T.let = position(loc[b, q + queries_ahead(prefetch, L, P), h, l, p, 0], wl)
                     yn: T.let = T.Cast("int32", T.floor(T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero)))
                     xn: T.let = T.Cast("int32", T.floor(T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero)))
                     for k in T.unroll(4):
                         rn: T.let = T.max(T.min(lsi[l] + T.min(yn + k // 2, hl - 1) * wl
                                                 + T.min(xn + k % 2, wl - 1), K - 1), 0) * scale + offset
                         for e in T.unroll(2):  # first and last channel of the row
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 3, 1))
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 3, 1))
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 2, 1))
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
                 h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
                 w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
                 gattn[b, q, h, l, p] = zero
@@ -350,13 +355,13 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: bool):
             with T.sblock("query"):
                 T.reads()
                 T.writes()
-                if prefetch and q + INPUT_AHEAD < Q:
+                if prefetch > 0 and q + 2 * queries_ahead(prefetch, L, P) < Q:
                     # the rows of query q + INPUT_AHEAD: its locations (read by one_sample to
                     # prefetch the next query's corner rows, so they must not miss), weights,
                     # gradient, and the output rows it writes (one line per 16 words; a query's
                     # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware prefetchers
                     # did not follow: the location loads were the kernel's hottest spot)
-                    qa: T.let = (b * Q + q + INPUT_AHEAD) * H + h
+                    qa: T.let = (b * Q + q + 2 * queries_ahead(prefetch, L, P)) * H + h
                     for i in range((L * P * 2 + 15) // 16):
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[0][qa * L * P * 2 + i * 16]), 0, 3, 1))
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[3][qa * L * P * 2 + i * 16]), 1, 3, 1))
@@ -475,7 +480,7 @@ class MsDeformAttnBackward(Operator):
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
             return {name: cpu_backward_compute(dtype, plan["lanes"], name.endswith("_private"),
-                                               bool(plan["prefetch"]))
+                                               int(plan["prefetch"]))
                     for name in KERNELS}
         return {name: cuda_backward_compute(dtype) for name in KERNELS}
 
