@@ -59,6 +59,18 @@ CHANNEL_GROUP = 16
 SAMPLE_BLOCK = 16
 
 
+def _border_line(BX, vn, vk, vs, pool_size):
+    """(start x, start y, step x, step y) of the samples along border vs of box (vn, vk), as
+    float32 expressions: top (x0,y0)+i*(w/p,0); left (x0,y0)+i*(0,h/p); bottom
+    (x1,y1)-i*(w/p,0); right (x1,y1)-i*(0,h/p). The zero step is a literal 0 (not 0*width),
+    so an infinite width cannot make it NaN."""
+    fp = T.Cast("float32", pool_size)
+    x0, y0, x1, y1 = (T.Cast("float32", BX[vn, vk, j]) for j in range(4))
+    step_x = T.Select(vs == 0, (x1 - x0) / fp, T.Select(vs == 2, (x0 - x1) / fp, T.float32(0)))
+    step_y = T.Select(vs == 1, (y1 - y0) / fp, T.Select(vs == 3, (y0 - y1) / fp, T.float32(0)))
+    return T.Select(vs < 2, x0, x1), T.Select(vs < 2, y0, y1), step_x, step_y
+
+
 @T.macro(hygienic=False)
 def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
     """Channels c0 .. c0 + lanes - 1 of (n, k, border s): the sample their argmax names, its
@@ -72,23 +84,14 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
     SY = T.alloc_buffer((lanes,), "float32", scope="local")  # clamped sample y (0 if invalid)
     SX = T.alloc_buffer((lanes,), "float32", scope="local")
     SG = T.alloc_buffer((lanes,), "float32", scope="local")  # gradient, 0 if invalid
-    fp = T.meta_var(T.Cast("float32", pool_size))
-    x0 = T.meta_var(T.Cast("float32", BX[vn, vk, 0]))
-    y0 = T.meta_var(T.Cast("float32", BX[vn, vk, 1]))
-    x1 = T.meta_var(T.Cast("float32", BX[vn, vk, 2]))
-    y1 = T.meta_var(T.Cast("float32", BX[vn, vk, 3]))
-    # top: (x0,y0)+i*(w/p,0); left: (x0,y0)+i*(0,h/p); bottom: (x1,y1)-i*(w/p,0);
-    # right: (x1,y1)-i*(0,h/p).  The zero step is a literal 0 (not 0*width), so an infinite
-    # width cannot make it NaN.
-    step_x = T.meta_var(T.Select(vs == 0, (x1 - x0) / fp, T.Select(vs == 2, (x0 - x1) / fp, T.float32(0))))
-    step_y = T.meta_var(T.Select(vs == 1, (y1 - y0) / fp, T.Select(vs == 3, (y0 - y1) / fp, T.float32(0))))
+    line = T.meta_var(_border_line(BX, vn, vk, vs, pool_size))
     for l in lane_loop(lanes):
         am = T.meta_var(AM[vn, vk, vs, c0 + l])
         hit = T.meta_var(am >= 0 and am <= pool_size)
         # an argmax outside [0, pool_size] (even INT32_MIN/MAX) becomes sample 0, masked below
         fi = T.meta_var(T.Select(hit, T.Cast("float32", am), T.float32(0)))
-        x = T.meta_var(T.Select(vs < 2, x0, x1) + fi * step_x)
-        y = T.meta_var(T.Select(vs < 2, y0, y1) + fi * step_y)
+        x = T.meta_var(line[0] + fi * line[2])
+        y = T.meta_var(line[1] + fi * line[3])
         ok = T.meta_var(hit and y >= T.float32(-1) and y <= T.Cast("float32", H)
                         and x >= T.float32(-1) and x <= T.Cast("float32", W))
         SG[l] = T.Select(ok, T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0))
@@ -140,13 +143,7 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
     XH = T.alloc_buffer((SAMPLE_BLOCK,), "int32")
     LY = T.alloc_buffer((SAMPLE_BLOCK,), "float32")  # fractions
     LX = T.alloc_buffer((SAMPLE_BLOCK,), "float32")
-    fp = T.meta_var(T.Cast("float32", pool_size))
-    x0 = T.meta_var(T.Cast("float32", BX[vn, vk, 0]))
-    y0 = T.meta_var(T.Cast("float32", BX[vn, vk, 1]))
-    x1 = T.meta_var(T.Cast("float32", BX[vn, vk, 2]))
-    y1 = T.meta_var(T.Cast("float32", BX[vn, vk, 3]))
-    step_x = T.meta_var(T.Select(vs == 0, (x1 - x0) / fp, T.Select(vs == 2, (x0 - x1) / fp, T.float32(0))))
-    step_y = T.meta_var(T.Select(vs == 1, (y1 - y0) / fp, T.Select(vs == 3, (y0 - y1) / fp, T.float32(0))))
+    line = T.meta_var(_border_line(BX, vn, vk, vs, pool_size))
     # the lanes' argmax and gradient, loaded once per box into registers (small constant-size
     # buffers are stack allocas that LLVM promotes; read inside the sample loop, after the
     # tile's stores, they were reloaded for every sample)
@@ -160,8 +157,8 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
         # in the same vectorised iteration is compacted to 1 element: wrong results)
         for j in T.vectorized(SAMPLE_BLOCK):
             fi = T.meta_var(T.Cast("float32", b * SAMPLE_BLOCK + j))
-            x = T.meta_var(T.Select(vs < 2, x0, x1) + fi * step_x)
-            y = T.meta_var(T.Select(vs < 2, y0, y1) + fi * step_y)
+            x = T.meta_var(line[0] + fi * line[2])
+            y = T.meta_var(line[1] + fi * line[3])
             ok = T.meta_var(b * SAMPLE_BLOCK + j <= pool_size and y >= T.float32(-1)
                             and y <= T.Cast("float32", H) and x >= T.float32(-1) and x <= T.Cast("float32", W))
             OK[j] = T.Select(ok, 1, 0)
