@@ -258,110 +258,112 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
         return tirx.Cast(dtype, tirx.Cast("float64", coord) * tirx.Cast("float64", size) - tirx.const(0.5, "float64"))
 
     @T.macro
-    def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, q, l, p):
-            with T.sblock("sample"):
-                T.reads()
-                T.writes()
-                # small constant-size buffers: stack allocas that LLVM keeps in
-                # registers (scope "local" would become heap workspace on the CPU)
-                rows = T.sblock_alloc_buffer((4,), "int32")
-                acc = T.sblock_alloc_buffer((4, V), dtype)
-                d = T.sblock_alloc_buffer((4,), dtype)
-                hl: T.let = shapes[l, 0]
-                wl: T.let = shapes[l, 1]
-                if prefetch > 0 and q + queries_ahead(prefetch, L, P) < Q:
-                    # clamped into the level and into [0, K): always in bounds
-                    hn: T.let = position(loc[b, q + queries_ahead(prefetch, L, P), h, l, p, 1], hl)
-                    wn: T.let = position(loc[b, q + queries_ahead(prefetch, L, P), h, l, p, 0], wl)
-                    yn: T.let = T.Cast("int32", T.floor(T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero)))
-                    xn: T.let = T.Cast("int32", T.floor(T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero)))
-                    for k in T.unroll(4):
-                        rn: T.let = T.max(T.min(lsi[l] + T.min(yn + k // 2, hl - 1) * wl
-                                                + T.min(xn + k % 2, wl - 1), K - 1), 0) * scale + offset
-                        for e in T.unroll(2):  # first and last channel of the row
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 2, 1))
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
-                h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
-                w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
-                gattn[b, q, h, l, p] = zero
-                gloc[b, q, h, l, p, 0] = zero
-                gloc[b, q, h, l, p, 1] = zero
-                # strict validity test (NaN / Inf fail it); only in-range values
-                # reach floor() -> int32
-                if h_im > -one and w_im > -one and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl):
-                    y0: T.let = T.Cast("int32", T.floor(h_im))
-                    x0: T.let = T.Cast("int32", T.floor(w_im))
-                    lh: T.let = h_im - T.Cast(dtype, y0)
-                    lw: T.let = w_im - T.Cast(dtype, x0)
-                    a: T.let = attn[b, q, h, l, p]
-                    for k in T.unroll(4):
-                        y: T.let = y0 + k // 2
-                        x: T.let = x0 + k % 2
-                        # int64: lsi + y*w + x cannot wrap into [0, K)
-                        r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y) * T.Cast("int64", wl) + T.Cast("int64", x)
-                        # per-corner validity, and 0 <= row < K for any level_start_index
-                        rows[k] = T.if_then_else(y >= 0 and y < hl and x >= 0 and x < wl and r >= T.int64(0)
-                                                 and r < T.Cast("int64", K), T.Cast("int32", r), -1)
-                        d[k] = zero
-                        for j in T.vectorized(V):
-                            acc[k, j] = zero
-                    for k in T.unroll(4):
-                        if rows[k] >= 0:
-                            row: T.let = rows[k] * scale + offset
-                            fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
-                            fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
-                            wa: T.let = fy * fx * a
-                            for c0 in range(C // V):
-                                for j in T.vectorized(V):
-                                    acc[k, j] = acc[k, j] + gout[b, q, h, c0 * V + j] * vbuf[row, c0 * V + j]
-                                for j in T.vectorized(V):
-                                    gbuf[row, c0 * V + j] = gbuf[row, c0 * V + j] + wa * gout[b, q, h, c0 * V + j]
-                            for c in range(C % V):
-                                cc: T.let = C // V * V + c
-                                d[k] = d[k] + gout[b, q, h, cc] * vbuf[row, cc]
-                                gbuf[row, cc] = gbuf[row, cc] + wa * gout[b, q, h, cc]
-                            # lane sum as a halving tree (shuffles, not V serial adds); V <= 64
-                            if V > 32:
-                                for j in T.vectorized(32):
-                                    acc[k, j] = acc[k, j] + acc[k, j + 32]
-                            if V > 16:
-                                for j in T.vectorized(16):
-                                    acc[k, j] = acc[k, j] + acc[k, j + 16]
-                            if V > 8:
-                                for j in T.vectorized(8):
-                                    acc[k, j] = acc[k, j] + acc[k, j + 8]
-                            if V > 4:
-                                for j in T.vectorized(4):
-                                    acc[k, j] = acc[k, j] + acc[k, j + 4]
-                            if V > 2:
-                                for j in T.vectorized(2):
-                                    acc[k, j] = acc[k, j] + acc[k, j + 2]
-                            if V > 1:
-                                for j in T.vectorized(1):
-                                    acc[k, j] = acc[k, j] + acc[k, j + 1]
-                            d[k] = d[k] + acc[k, 0]
-                    # d_k = 0 for unused corners; the SPEC_NOTES sums regrouped per corner
-                    gattn[b, q, h, l, p] = ((one - lh) * ((one - lw) * d[0] + lw * d[1])
-                                            + lh * ((one - lw) * d[2] + lw * d[3]))
-                    gloc[b, q, h, l, p, 0] = T.Cast(dtype, wl) * a * ((one - lh) * (d[1] - d[0]) + lh * (d[3] - d[2]))
-                    gloc[b, q, h, l, p, 1] = T.Cast(dtype, hl) * a * ((one - lw) * (d[2] - d[0]) + lw * (d[3] - d[1]))
+    def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, ahead,
+                   q, l, p):
+        with T.sblock("sample"):
+            T.reads()
+            T.writes()
+            # small constant-size buffers: stack allocas that LLVM keeps in
+            # registers (scope "local" would become heap workspace on the CPU)
+            rows = T.sblock_alloc_buffer((4,), "int32")
+            acc = T.sblock_alloc_buffer((4, V), dtype)
+            d = T.sblock_alloc_buffer((4,), dtype)
+            hl: T.let = shapes[l, 0]
+            wl: T.let = shapes[l, 1]
+            if prefetch > 0 and q + ahead < Q:
+                # clamped into the level and into [0, K): always in bounds
+                hn: T.let = position(loc[b, q + ahead, h, l, p, 1], hl)
+                wn: T.let = position(loc[b, q + ahead, h, l, p, 0], wl)
+                yn: T.let = T.Cast("int32", T.floor(T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero)))
+                xn: T.let = T.Cast("int32", T.floor(T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero)))
+                for k in T.unroll(4):
+                    rn: T.let = T.max(T.min(lsi[l] + T.min(yn + k // 2, hl - 1) * wl
+                                            + T.min(xn + k % 2, wl - 1), K - 1), 0) * scale + offset
+                    for e in T.unroll(2):  # first and last channel of the row
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 2, 1))
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
+            h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
+            w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
+            gattn[b, q, h, l, p] = zero
+            gloc[b, q, h, l, p, 0] = zero
+            gloc[b, q, h, l, p, 1] = zero
+            # strict validity test (NaN / Inf fail it); only in-range values
+            # reach floor() -> int32
+            if h_im > -one and w_im > -one and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl):
+                y0: T.let = T.Cast("int32", T.floor(h_im))
+                x0: T.let = T.Cast("int32", T.floor(w_im))
+                lh: T.let = h_im - T.Cast(dtype, y0)
+                lw: T.let = w_im - T.Cast(dtype, x0)
+                a: T.let = attn[b, q, h, l, p]
+                for k in T.unroll(4):
+                    y: T.let = y0 + k // 2
+                    x: T.let = x0 + k % 2
+                    # int64: lsi + y*w + x cannot wrap into [0, K)
+                    r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y) * T.Cast("int64", wl) + T.Cast("int64", x)
+                    # per-corner validity, and 0 <= row < K for any level_start_index
+                    rows[k] = T.if_then_else(y >= 0 and y < hl and x >= 0 and x < wl and r >= T.int64(0)
+                                             and r < T.Cast("int64", K), T.Cast("int32", r), -1)
+                    d[k] = zero
+                    for j in T.vectorized(V):
+                        acc[k, j] = zero
+                for k in T.unroll(4):
+                    if rows[k] >= 0:
+                        row: T.let = rows[k] * scale + offset
+                        fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
+                        fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
+                        wa: T.let = fy * fx * a
+                        for c0 in range(C // V):
+                            for j in T.vectorized(V):
+                                acc[k, j] = acc[k, j] + gout[b, q, h, c0 * V + j] * vbuf[row, c0 * V + j]
+                            for j in T.vectorized(V):
+                                gbuf[row, c0 * V + j] = gbuf[row, c0 * V + j] + wa * gout[b, q, h, c0 * V + j]
+                        for c in range(C % V):
+                            cc: T.let = C // V * V + c
+                            d[k] = d[k] + gout[b, q, h, cc] * vbuf[row, cc]
+                            gbuf[row, cc] = gbuf[row, cc] + wa * gout[b, q, h, cc]
+                        # lane sum as a halving tree (shuffles, not V serial adds); V <= 64
+                        if V > 32:
+                            for j in T.vectorized(32):
+                                acc[k, j] = acc[k, j] + acc[k, j + 32]
+                        if V > 16:
+                            for j in T.vectorized(16):
+                                acc[k, j] = acc[k, j] + acc[k, j + 16]
+                        if V > 8:
+                            for j in T.vectorized(8):
+                                acc[k, j] = acc[k, j] + acc[k, j + 8]
+                        if V > 4:
+                            for j in T.vectorized(4):
+                                acc[k, j] = acc[k, j] + acc[k, j + 4]
+                        if V > 2:
+                            for j in T.vectorized(2):
+                                acc[k, j] = acc[k, j] + acc[k, j + 2]
+                        if V > 1:
+                            for j in T.vectorized(1):
+                                acc[k, j] = acc[k, j] + acc[k, j + 1]
+                        d[k] = d[k] + acc[k, 0]
+                # d_k = 0 for unused corners; the SPEC_NOTES sums regrouped per corner
+                gattn[b, q, h, l, p] = ((one - lh) * ((one - lw) * d[0] + lw * d[1])
+                                        + lh * ((one - lw) * d[2] + lw * d[3]))
+                gloc[b, q, h, l, p, 0] = T.Cast(dtype, wl) * a * ((one - lh) * (d[1] - d[0]) + lh * (d[3] - d[2]))
+                gloc[b, q, h, l, p, 1] = T.Cast(dtype, hl) * a * ((one - lw) * (d[2] - d[0]) + lw * (d[3] - d[1]))
 
 
     @T.macro
     def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat):
         # every sample of the (b, h) slice, in (q, l, p) order; slice row r is row
         # r*scale + offset of vbuf / gbuf
+        ahead: T.let = queries_ahead(prefetch, L, P)
         for q in range(Q):
             with T.sblock("query"):
                 T.reads()
                 T.writes()
-                if prefetch > 0 and q + 2 * queries_ahead(prefetch, L, P) < Q:
-                    # the rows of query q + INPUT_AHEAD: its locations (read by one_sample to
+                if prefetch > 0 and q + 2 * ahead < Q:
+                    # the rows of query q + 2 * ahead: its locations (read by one_sample to
                     # prefetch the next query's corner rows, so they must not miss), weights,
                     # gradient, and the output rows it writes (one line per 16 words; a query's
                     # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware prefetchers
                     # did not follow: the location loads were the kernel's hottest spot)
-                    qa: T.let = (b * Q + q + 2 * queries_ahead(prefetch, L, P)) * H + h
+                    qa: T.let = (b * Q + q + 2 * ahead) * H + h
                     for i in range((L * P * 2 + 15) // 16):
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[0][qa * L * P * 2 + i * 16]), 0, 3, 1))
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[3][qa * L * P * 2 + i * 16]), 1, 3, 1))
@@ -371,7 +373,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
                     for i in range((C + 15) // 16):
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[2][qa * C + i * 16]), 0, 3, 1))
                 for l, p in T.grid(L, P):
-                    one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, q, l, p)
+                    one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C,
+                               ahead, q, l, p)
 
     @T.prim_func(s_tir=True)
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
