@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import host_buffers
 from .errors import BadParamError
 
 
@@ -69,7 +70,9 @@ def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool
 
         make = torch.zeros if zero else torch.empty
         return make(shape, dtype=getattr(torch, dtype), device=device)
-    return (np.zeros if zero else np.empty)(shape, dtype=dtype)
+    if zero:
+        return np.zeros(shape, dtype=dtype)
+    return host_buffers.empty(shape, dtype)
 
 
 def zero(array) -> None:

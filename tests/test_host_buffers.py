@@ -1,0 +1,119 @@
+"""The reused host blocks behind large numpy outputs (tvm_ops/host_buffers.py)."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from tvm_ops import host_buffers, runner, targets
+from tvm_ops.ops import OPERATORS
+
+from .conftest import requires_torch
+
+SMALL = 4096  # bytes: the tests lower the size threshold so small arrays use the cache
+
+
+@pytest.fixture
+def cache(monkeypatch):
+    monkeypatch.setattr(host_buffers, "MIN_BYTES", SMALL)
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "1")
+    host_buffers.release()
+    yield host_buffers
+    host_buffers.release()
+
+
+def address(array) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_a_dead_array_block_is_reused(cache):
+    first = cache.empty((32, 64), np.float32)
+    where = address(first)
+    assert first.shape == (32, 64) and first.dtype == np.float32 and first.flags.writeable
+    del first
+    gc.collect()
+    assert cache.cached_bytes() == 32 * 64 * 4
+    again = cache.empty((64, 32), np.float32)  # same byte size, another shape
+    assert address(again) == where and cache.cached_bytes() == 0
+
+
+def test_a_live_view_keeps_its_block_out_of_the_cache(cache):
+    first = cache.empty((1024,), np.float64)
+    view = first[10:20]
+    view[:] = 5.0
+    del first
+    gc.collect()
+    other = cache.empty((1024,), np.float64)
+    assert cache.cached_bytes() == 0
+    assert not np.shares_memory(other, view)
+    other[:] = -1.0
+    assert (view == 5.0).all()
+
+
+def test_free_blocks_stay_under_the_limit(cache, monkeypatch):
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", str(3 * SMALL / (1 << 20)))
+    arrays = [cache.empty((SMALL // 4,), np.float32) for _ in range(5)]
+    del arrays
+    gc.collect()
+    assert cache.cached_bytes() == 3 * SMALL
+    cache.release()
+    assert cache.cached_bytes() == 0
+
+
+def test_limit_zero_turns_the_cache_off(cache, monkeypatch):
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "0")
+    array = cache.empty((SMALL,), np.float32)
+    assert array.base is None  # a plain np.empty array, owning its memory
+    del array
+    gc.collect()
+    assert cache.cached_bytes() == 0
+
+
+def test_a_bad_limit_is_a_clear_error(cache, monkeypatch):
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "lots")
+    with pytest.raises(ValueError, match="TVM_OPS_HOST_CACHE_MB"):
+        cache.empty((SMALL,), np.float32)
+
+
+@requires_torch
+def test_a_torch_tensor_over_the_array_keeps_the_block(cache):
+    import torch
+
+    array = cache.empty((SMALL,), np.float32)
+    tensor = torch.from_numpy(array)
+    del array
+    gc.collect()
+    assert cache.cached_bytes() == 0
+    del tensor
+    gc.collect()
+    assert cache.cached_bytes() == SMALL * 4
+
+
+FIRST_OK = [(op, next(c for c in op.spec.cases if not c.heavy and c.expect == "ok" and c.set != "network"))
+            for op in OPERATORS.values()]
+
+
+@pytest.mark.parametrize("op, case", FIRST_OK, ids=[o.name for o, _ in FIRST_OK])
+def test_outputs_on_reused_poisoned_blocks_are_right(cache, monkeypatch, op, case):
+    # every output and workspace comes from the cache (threshold 1 byte), on blocks
+    # filled with 0xff bytes (NaN floats, -1 ints): the kernels must overwrite every
+    # element, exactly as on fresh memory
+    monkeypatch.setattr(host_buffers, "MIN_BYTES", 1)
+    taken = []
+    take = host_buffers._take
+    monkeypatch.setattr(host_buffers, "_take", lambda n: taken.append(take(n)) or taken[-1])
+    dtype = case.dtypes[0]
+    model = targets.resolve("llvm")
+    inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    reference = op.reference(inputs, params)
+    op.call(inputs, params, model, {})  # its outputs die at once: their blocks are cached
+    gc.collect()
+    for blocks in host_buffers._free.values():
+        for block in blocks:
+            block[:] = b"\xff" * len(block)
+    taken.clear()
+    again = op.call(inputs, params, model, {})
+    again = again if isinstance(again, tuple) else (again,)
+    assert any(block is not None for block in taken), "no block was reused"
+    _, failures = runner.compare(op, dtype, dict(zip([t.name for t in op.spec.outputs], again)), reference)
+    assert not failures, failures
