@@ -118,6 +118,36 @@ def test_cpu_variants_are_bit_identical(monkeypatch):
         assert np.array_equal(a, b)
 
 
+def test_kernels_with_c_compiled_in_give_the_same_bits(monkeypatch):
+    # C == fixed_c (32) runs the *_fixed_c kernels: same loop order, so the same bits as
+    # the symbolic-C kernels, on inputs and outputs off any vector alignment (constant
+    # strides must not let LLVM assume aligned rows)
+    from .test_spec_cases import misaligned_copy
+
+    args = [misaligned_copy(a) for a in make(2, [[9, 7], [4, 5], [1, 3]], 25, 3, 32, 3, -0.2, 1.2, seed=10)]
+    results = {}
+    for name in module.KERNELS:
+        monkeypatch.setattr(module, "cpu_kernel", lambda sizes, plan, name=name: name)
+        outs = [misaligned_copy(np.full(shape, np.nan, np.float32))
+                for shape in (args[0].shape, args[3].shape, args[4].shape)]
+        results[name] = tvm_ops.ms_deform_attn_backward(*args, out=outs)
+    check_against_reference(args, results["backward"])
+    for name, outs in results.items():
+        for a, b in zip(results["backward"], outs):
+            assert np.array_equal(a, b), name
+
+
+def test_c_compiled_in_is_picked_only_for_its_c():
+    plan = OP.schedules["llvm"].defaults
+    bev = dict(OP.spec.case("net_bevformer").shape)
+    decoder = dict(OP.spec.case("net_detr_decoder").shape)
+    assert plan["fixed_c"] == bev["C"] == decoder["C"] == 32
+    assert module.cpu_kernel(bev, plan) == "backward_private_fixed_c"
+    assert module.cpu_kernel(decoder, plan) == "backward_fixed_c"
+    assert module.cpu_kernel(dict(decoder, C=33), plan) == "backward"
+    assert module.cpu_kernel(decoder, dict(plan, fixed_c=0)) == "backward"
+
+
 def test_policy_picks_the_private_slice_for_dense_sampling():
     plan = OP.schedules["llvm"].defaults
     bev = OP.spec.case("net_bevformer").shape

@@ -9,7 +9,10 @@ validity test, per-corner validity, w_l / h_l factors): SPEC_NOTES.md; the
 contract: specs/ms_deform_attn_backward.yaml.
 
 Kernels (symbolic B, K, H, C, L, Q, P): `backward` and `backward_private`, one
-library per (dtype, target), same arguments (the inputs, then the three outputs).
+library per (dtype, target), same arguments (the inputs, then the three outputs);
+`*_fixed_c` are the same two with the channel count compiled in (the `fixed_c` knob,
+default 32: every Deformable-DETR and BEVFormer configuration has 256 channels over 8
+heads), used when C matches.
   CPU (cpu_backward_compute): ONE pass over the samples computes all three
       outputs. Owner computes: a parallel task owns a (batch, head) slice of
       grad_value (rows of one (b, h) only receive samples of that (b, h)), walks
@@ -51,7 +54,8 @@ from tvm.script import tirx as T
 from ..errors import BadParamError
 from .base import Operator
 
-KERNELS = ("backward", "backward_private")
+# *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
+KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
 
 
 def queries_ahead(samples: int, L, P):
@@ -227,7 +231,7 @@ def cuda_backward_compute(dtype: str):
     return backward
 
 
-def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
+def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, channels: int | None = None):
     """The CPU kernel, written in its scheduled form (see the module docstring): one pass
     over the samples computes all three outputs.
 
@@ -249,9 +253,16 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
     on sample (q, l, p) prefetch into L2 the corner rows of sample (q + A, l, p) (clamped
     into the slice, so the address is always in bounds), and while on query q the
     per-query rows of query q + 2A (so the locations that prefetch reads are in cache).
+    channels: C as a constant (None: symbolic). The channel loop is then straight-line
+    code with no tail, and the corner accumulators stay in registers (BEVFormer kernel,
+    interleaved: see the schedule file).
     """
     V = lanes
+    # element alignment only: the kernels take any contiguous numpy / torch view, and with
+    # a constant C the default 64-byte claim would let LLVM emit aligned vector moves
+    EL = np.dtype(dtype).itemsize
     zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
+    channel_count = tirx.Var("C", "int32") if channels is None else tirx.IntImm("int32", channels)
 
     def position(coord, size):
         # see _corner_macro: the exact coord * size - 0.5, rounded once to the input type
@@ -298,8 +309,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
                 for k in T.unroll(4):
                     y: T.let = y0 + k // 2
                     x: T.let = x0 + k % 2
-                    # int64: lsi + y*w + x cannot wrap into [0, K)
-                    r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y) * T.Cast("int64", wl) + T.Cast("int64", x)
+                    # y*w + x is within the level (h*w <= K < 2^31: no wrap); the start is added
+                    # in int64, so no level_start_index can wrap the row into [0, K)
+                    r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y * wl + x)
                     # per-corner validity, and 0 <= row < K for any level_start_index
                     rows[k] = T.if_then_else(y >= 0 and y < hl and x >= 0 and x < wl and r >= T.int64(0)
                                              and r < T.Cast("int64", K), T.Cast("int32", r), -1)
@@ -381,24 +393,25 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int):
                  attn_h: T.handle, gout_h: T.handle, gv_h: T.handle, gloc_h: T.handle,
                  gattn_h: T.handle):
         T.func_attr({"tirx.noalias": True})
-        B, K, H, C, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        value = T.match_buffer(value_h, (B, K, H, C), dtype)
-        shapes = T.match_buffer(shapes_h, (L, 2), "int32")
-        lsi = T.match_buffer(lsi_h, (L,), "int32")
-        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype)
-        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype)
-        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype)
-        gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
-        gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
-        gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
+        B, K, H, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        C = T.meta_var(channel_count)
+        value = T.match_buffer(value_h, (B, K, H, C), dtype, align=EL)
+        shapes = T.match_buffer(shapes_h, (L, 2), "int32", align=EL)
+        lsi = T.match_buffer(lsi_h, (L,), "int32", align=EL)
+        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype, align=EL)
+        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype, align=EL)
+        gout = T.match_buffer(gout_h, (B, Q, H, C), dtype, align=EL)
+        gv = T.match_buffer(gv_h, (B, K, H, C), dtype, align=EL)
+        gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype, align=EL)
+        gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype, align=EL)
         # flat views of the per-query inputs and outputs, for the prefetches
-        flat = T.meta_var([T.decl_buffer((B * Q * H * L * P * 2,), dtype, data=loc.data),
-                           T.decl_buffer((B * Q * H * L * P,), dtype, data=attn.data),
-                           T.decl_buffer((B * Q * H * C,), dtype, data=gout.data),
-                           T.decl_buffer((B * Q * H * L * P * 2,), dtype, data=gloc.data),
-                           T.decl_buffer((B * Q * H * L * P,), dtype, data=gattn.data)])
-        value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data)
-        gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data)
+        flat = T.meta_var([T.decl_buffer((B * Q * H * L * P * 2,), dtype, data=loc.data, align=EL),
+                           T.decl_buffer((B * Q * H * L * P,), dtype, data=attn.data, align=EL),
+                           T.decl_buffer((B * Q * H * C,), dtype, data=gout.data, align=EL),
+                           T.decl_buffer((B * Q * H * L * P * 2,), dtype, data=gloc.data, align=EL),
+                           T.decl_buffer((B * Q * H * L * P,), dtype, data=gattn.data, align=EL)])
+        value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data, align=EL)
+        gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data, align=EL)
         if not private:
             for row in T.parallel(B * K * H):
                 for c0 in range(C // V):
@@ -450,6 +463,12 @@ def policy_llvm(sizes: dict, plan: dict) -> bool:
     return samples >= plan["private_min_ratio"] * sizes["K"]
 
 
+def cpu_kernel(sizes: dict, plan: dict) -> str:
+    """Which CPU kernel a call runs, from its sizes and its library's plan."""
+    name = "backward_private" if policy_llvm(sizes, plan) else "backward"
+    return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
+
+
 class MsDeformAttnBackward(Operator):
     name = "ms_deform_attn_backward"
     # both names in every library (the loader asks for all): on CUDA the two are the
@@ -482,8 +501,9 @@ class MsDeformAttnBackward(Operator):
 
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
-            return {name: cpu_backward_compute(dtype, plan["lanes"], name.endswith("_private"),
-                                               int(plan["prefetch"]))
+            fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under both names)
+            return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name, int(plan["prefetch"]),
+                                               fixed if name.endswith("_fixed_c") else None)
                     for name in KERNELS}
         return {name: cuda_backward_compute(dtype) for name in KERNELS}
 
@@ -491,11 +511,10 @@ class MsDeformAttnBackward(Operator):
         return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it
 
     def launch(self, kernels, problem, tensors):
-        suffix = ""
-        if problem.device == "cpu" and policy_llvm(problem.sizes, kernels.plan):  # the library's knobs
-            suffix = "_private"
+        # on CUDA every name holds the same kernel
+        name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else "backward"
         # the CPU kernels write every element of the three outputs (np.empty is fine)
-        kernels["backward" + suffix](*(tensors[k] for k in (
+        kernels[name](*(tensors[k] for k in (
             "value", "spatial_shapes", "level_start_index", "sampling_loc", "attn_weight", "grad_output",
             "grad_value", "grad_sampling_loc", "grad_attn_weight")))
 

@@ -1,12 +1,15 @@
 """Schedule recipes for ms_deform_attn_backward (knobs: schedules/ms_deform_attn_backward.yaml).
 
-Kernels: backward and backward_private. On the CPU both are written in their
-scheduled form in the op module (cpu_backward_compute; knobs reach them through the
-plan), so the llvm recipe has nothing to apply. On CUDA both names hold the same
-two-nest function (scatter; corner dots + finalize), scheduled here.
+Kernels: backward and backward_private, and their *_fixed_c twins (C compiled in). On
+the CPU all are written in their scheduled form in the op module (cpu_backward_compute;
+knobs reach them through the plan), so the llvm recipe has nothing to apply. On CUDA
+every name holds the same two-nest function (scatter; corner dots + finalize),
+scheduled here.
 """
 
 from __future__ import annotations
+
+from tvm_ops.ops.ms_deform_attn_backward import KERNELS
 
 
 def llvm(sch, kernel, model, plan):
@@ -14,7 +17,7 @@ def llvm(sch, kernel, model, plan):
     parallel task, the four corners of each sample unrolled, channels vectorised.
     TensorIR's block rules cannot fuse the scatter (a reduction block with an init)
     with the per-sample channel dots, so the loop nest is written directly."""
-    if kernel not in ("backward", "backward_private"):
+    if kernel not in KERNELS:
         raise KeyError(kernel)
 
 
@@ -62,7 +65,7 @@ def cuda(sch, kernel, model, plan):
     channels) and keep their split predicates as guards. Scatter: atomicAdd of
     w_k * a * g[c] into the four corner rows (launch zero-fills). Corner dots: reduce
     over channels across threadIdx.x (cross-thread reduction -> warp shuffles)."""
-    if kernel not in ("backward", "backward_private"):
+    if kernel not in KERNELS:
         raise KeyError(kernel)
     tc, th = int(plan["threads_c"]), int(plan["threads_h"])
     _atomicize(sch, "grad_value")
