@@ -384,6 +384,13 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[4][qa * L * P + i * 16]), 1, 3, 1))
                     for i in range((C + 15) // 16):
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[2][qa * C + i * 16]), 0, 3, 1))
+                    # and each row's last line: numpy rows need not start on a line, so a row
+                    # of n words can span one line more than n / 16
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[0][qa * L * P * 2 + L * P * 2 - 1]), 0, 3, 1))
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[3][qa * L * P * 2 + L * P * 2 - 1]), 1, 3, 1))
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[1][qa * L * P + L * P - 1]), 0, 3, 1))
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[4][qa * L * P + L * P - 1]), 1, 3, 1))
+                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[2][qa * C + C - 1]), 0, 3, 1))
                 for l, p in T.grid(L, P):
                     one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C,
                                ahead, q, l, p)
