@@ -231,6 +231,33 @@ def cuda_backward_compute(dtype: str):
     return backward
 
 
+def _four_lane_sums(acc, V: int):
+    """The lane sums of the four V-lane rows of acc [4, V] as one V-lane vector (row k's sum
+    in lanes k*V/4 .. k*V/4 + V/4 - 1): two rounds of two-vector shuffles fold the rows into
+    one vector of four V/4-lane groups, then butterflies sum within the groups. 8 shuffles and
+    5 adds at V = 16, where four separate halving trees took 16 and 16."""
+    assert V >= 4 and V & (V - 1) == 0, V
+
+    def pick(a, b, idx):
+        return tirx.Shuffle([a, b], [tirx.IntImm("int32", i) for i in idx])
+
+    rows = [acc[k, tirx.Ramp(0, 1, V)] for k in range(4)]
+    h, q = V // 2, V // 4
+    lo = list(range(h)) + [V + i for i in range(h)]  # the low halves of two rows, side by side
+    hi = list(range(h, V)) + [V + h + i for i in range(h)]
+    pairs = [pick(rows[0], rows[1], lo) + pick(rows[0], rows[1], hi),
+             pick(rows[2], rows[3], lo) + pick(rows[2], rows[3], hi)]
+    even = [g * q + i for g in (0, 2) for i in range(q)]
+    odd = [g * q + i for g in (1, 3) for i in range(q)]
+    out = (pick(pairs[0], pairs[1], even + [V + i for i in even])
+           + pick(pairs[0], pairs[1], odd + [V + i for i in odd]))
+    step = q // 2
+    while step:
+        out = out + tirx.Shuffle([out], [tirx.IntImm("int32", i ^ step) for i in range(V)])
+        step //= 2
+    return out
+
+
 def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, channels: int | None = None):
     """The CPU kernel, written in its scheduled form (see the module docstring): one pass
     over the samples computes all three outputs.
@@ -278,6 +305,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
             # registers (scope "local" would become heap workspace on the CPU)
             rows = T.sblock_alloc_buffer((4,), "int32")
             acc = T.sblock_alloc_buffer((4, V), dtype)
+            sums = T.sblock_alloc_buffer((V,), dtype)
             d = T.sblock_alloc_buffer((4,), dtype)
             hl: T.let = shapes[l, 0]
             wl: T.let = shapes[l, 1]
@@ -333,26 +361,10 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                             cc: T.let = C // V * V + c
                             d[k] = d[k] + gout[b, q, h, cc] * vbuf[row, cc]
                             gbuf[row, cc] = gbuf[row, cc] + wa * gout[b, q, h, cc]
-                        # lane sum as a halving tree (shuffles, not V serial adds); V <= 64
-                        if V > 32:
-                            for j in T.vectorized(32):
-                                acc[k, j] = acc[k, j] + acc[k, j + 32]
-                        if V > 16:
-                            for j in T.vectorized(16):
-                                acc[k, j] = acc[k, j] + acc[k, j + 16]
-                        if V > 8:
-                            for j in T.vectorized(8):
-                                acc[k, j] = acc[k, j] + acc[k, j + 8]
-                        if V > 4:
-                            for j in T.vectorized(4):
-                                acc[k, j] = acc[k, j] + acc[k, j + 4]
-                        if V > 2:
-                            for j in T.vectorized(2):
-                                acc[k, j] = acc[k, j] + acc[k, j + 2]
-                        if V > 1:
-                            for j in T.vectorized(1):
-                                acc[k, j] = acc[k, j] + acc[k, j + 1]
-                        d[k] = d[k] + acc[k, 0]
+                # the four corners' lane sums at once (acc rows of unused corners stay 0)
+                sums[T.Ramp(0, 1, V)] = _four_lane_sums(acc, V)
+                for k in T.unroll(4):
+                    d[k] = d[k] + sums[k * (V // 4)]
                 # d_k = 0 for unused corners; the SPEC_NOTES sums regrouped per corner
                 gattn[b, q, h, l, p] = ((one - lh) * ((one - lw) * d[0] + lw * d[1])
                                         + lh * ((one - lw) * d[2] + lw * d[3]))
