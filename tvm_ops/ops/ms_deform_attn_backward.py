@@ -267,7 +267,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     (deterministic, no atomics). Per sample the four corners are unrolled; per corner
     the channel loop is vectorised (`lanes`, scalar tail for C % lanes) and does both
     the scatter into grad_value and the dot d_k = sum_c g * v_k (a [4, lanes]
-    accumulator, halving-tree lane sum). Rows are addressed through 2-D [rows, C]
+    accumulator; the four lane sums in one shuffle tree, _four_lane_sums). Rows are addressed through 2-D [rows, C]
     views: row r of the (b, h) slice is row (b*K + r)*H + h of value / grad_value,
     or row r of the private copy.
 
