@@ -267,9 +267,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     (deterministic, no atomics). Per sample the four corners are unrolled; per corner
     the channel loop is vectorised (`lanes`, scalar tail for C % lanes) and does both
     the scatter into grad_value and the dot d_k = sum_c g * v_k (a [4, lanes]
-    accumulator; the four lane sums in one shuffle tree, _four_lane_sums). Rows are addressed through 2-D [rows, C]
-    views: row r of the (b, h) slice is row (b*K + r)*H + h of value / grad_value,
-    or row r of the private copy.
+    accumulator; the four lane sums in one shuffle tree, _four_lane_sums). Rows are
+    addressed through 2-D [rows, C] views: row r of the (b, h) slice is row
+    (b*K + r)*H + h of value / grad_value, or row r of the private copy.
 
     private: the task first copies its value slice into a contiguous [K, C]
     workspace and accumulates into a zeroed [K, C] one, which it writes back at the
@@ -337,8 +337,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                 for k in T.unroll(4):
                     y: T.let = y0 + k // 2
                     x: T.let = x0 + k % 2
-                    # y*w + x is within the level (h*w <= K < 2^31: no wrap); the start is added
-                    # in int64, so no level_start_index can wrap the row into [0, K)
+                    # for an in-map corner y*w + x < h*w <= K < 2^31 (no wrap; off-map corners
+                    # are rejected whatever r is); the start is added in int64, so no
+                    # level_start_index can wrap the row into [0, K)
                     r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y * wl + x)
                     # per-corner validity, and 0 <= row < K for any level_start_index
                     rows[k] = T.if_then_else(y >= 0 and y < hl and x >= 0 and x < wl and r >= T.int64(0)
@@ -490,7 +491,7 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
 
 class MsDeformAttnBackward(Operator):
     name = "ms_deform_attn_backward"
-    # both names in every library (the loader asks for all): on CUDA the two are the
+    # all four names in every library (the loader asks for all): on CUDA they are the
     # same kernel
     kernel_names = KERNELS
 
