@@ -432,13 +432,15 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                            T.decl_buffer((B * Q * H * L * P,), dtype, data=gattn.data, align=EL)])
         value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data, align=EL)
         gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data, align=EL)
+        gv_flat = T.decl_buffer((B * K * H * C,), dtype, data=gv.data, align=EL)
         if not private:
-            for row in T.parallel(B * K * H):
-                for c0 in range(C // V):
-                    for j in T.vectorized(V):
-                        gv_rows[row, c0 * V + j] = zero
-                for c in range(C % V):
-                    gv_rows[row, C // V * V + c] = zero
+            # grad_value is contiguous: one flat fill (per row, a symbolic C became a
+            # memset call per 128-byte row)
+            for i in T.parallel(B * K * H * C // V):
+                for j in T.vectorized(V):
+                    gv_flat[i * V + j] = zero
+            for i in range(B * K * H * C % V):
+                gv_flat[B * K * H * C // V * V + i] = zero
         for bh in T.parallel(B * H):
             with T.sblock("slice"):
                 # opaque: nothing schedules these blocks (they only scope the workspaces)
