@@ -3,11 +3,11 @@
 glibc serves blocks above its mmap threshold (at most 32 MiB) with a fresh
 mmap on every call and unmaps them on free, so a new 41 MB output costs a page
 fault per page and the kernel zeroes every page before the op writes it: on
-the Deformable-DETR decoder case that was ~40% of a call (7.3 -> 5.0 ms
+the Deformable-DETR decoder case that was ~30% of a call (7.3 -> 5.0 ms
 measured, same process). Smaller blocks glibc already reuses.
 
 This keeps such blocks when their arrays die and hands them out again for the
-next output of the same byte size, like PyTorch's caching allocator. A block
+next output of the same byte size, like PyTorch's CUDA caching allocator. A block
 goes back only when no array or view of it is alive (a weak reference on the
 ctypes object every view keeps as its base), so two live outputs never share
 memory. Reused memory is not zeroed: the CPU kernels write every element of
