@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tvm_ops import host_buffers, runner, targets
-from tvm_ops.ops import OPERATORS
 
 from .conftest import requires_torch
+from .test_spec_cases import FIRST_OK
 
 SMALL = 4096  # bytes: the tests lower the size threshold so small arrays use the cache
 
@@ -87,10 +87,6 @@ def test_a_torch_tensor_over_the_array_keeps_the_block(cache):
     del tensor
     gc.collect()
     assert cache.cached_bytes() == SMALL * 4
-
-
-FIRST_OK = [(op, next(c for c in op.spec.cases if not c.heavy and c.expect == "ok" and c.set != "network"))
-            for op in OPERATORS.values()]
 
 
 @pytest.mark.parametrize("op, case", FIRST_OK, ids=[o.name for o, _ in FIRST_OK])

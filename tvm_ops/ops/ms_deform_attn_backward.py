@@ -374,6 +374,14 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
 
 
     @T.macro
+    def prefetch_row(buf, start, n, write):
+        # words start .. start + n - 1 of a flat view: one prefetch per 16 words, and the last
+        # word's line (numpy rows need not start on a line, so n words can span one more)
+        for i in range((n + 15) // 16):
+            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[start + i * 16]), write, 3, 1))
+        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[start + n - 1]), write, 3, 1))
+
+    @T.macro
     def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat):
         # every sample of the (b, h) slice, in (q, l, p) order; slice row r is row
         # r*scale + offset of vbuf / gbuf
@@ -389,21 +397,11 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                     # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware prefetchers
                     # did not follow: the location loads were the kernel's hottest spot)
                     qa: T.let = (b * Q + q + 2 * ahead) * H + h
-                    for i in range((L * P * 2 + 15) // 16):
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[0][qa * L * P * 2 + i * 16]), 0, 3, 1))
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[3][qa * L * P * 2 + i * 16]), 1, 3, 1))
-                    for i in range((L * P + 15) // 16):
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[1][qa * L * P + i * 16]), 0, 3, 1))
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[4][qa * L * P + i * 16]), 1, 3, 1))
-                    for i in range((C + 15) // 16):
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[2][qa * C + i * 16]), 0, 3, 1))
-                    # and each row's last line: numpy rows need not start on a line, so a row
-                    # of n words can span one line more than n / 16
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[0][qa * L * P * 2 + L * P * 2 - 1]), 0, 3, 1))
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[3][qa * L * P * 2 + L * P * 2 - 1]), 1, 3, 1))
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[1][qa * L * P + L * P - 1]), 0, 3, 1))
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[4][qa * L * P + L * P - 1]), 1, 3, 1))
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(flat[2][qa * C + C - 1]), 0, 3, 1))
+                    prefetch_row(flat[0], qa * L * P * 2, L * P * 2, 0)
+                    prefetch_row(flat[3], qa * L * P * 2, L * P * 2, 1)
+                    prefetch_row(flat[1], qa * L * P, L * P, 0)
+                    prefetch_row(flat[4], qa * L * P, L * P, 1)
+                    prefetch_row(flat[2], qa * C, C, 0)
                 for l, p in T.grid(L, P):
                     one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C,
                                ahead, q, l, p)
