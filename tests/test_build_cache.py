@@ -112,6 +112,8 @@ def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
         ptx = (entry / "kernels.ptx").read_text()
         assert "__global__" in source
         assert f".target {arch}" in ptx and ".entry" in ptx
+        # built without fast math: IEEE division, denormals kept (TVM's default flushes them)
+        assert ".approx" not in ptx and ".ftz" not in ptx
 
 
 def test_other_x86_cpu_targets_build_here_and_do_not_run_here(tmp_path):

@@ -45,6 +45,8 @@ class BenchLine:
 def median_seconds(fn, repeat: int, sync=None) -> float:
     times = []
     for _ in range(repeat):
+        if sync is not None:
+            sync()  # nothing queued before may count against this run
         start = time.perf_counter()
         fn()
         if sync is not None:
@@ -112,14 +114,8 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize, params)
     peak = peak_flops(model)
     peers = {}
-    if peer and model.kind == "llvm":
-        try:
-            runs = op.torch_peers(inputs, params)
-        except ImportError:
-            runs = {}
-        for name, run_peer in runs.items():
-            run_peer()
-            peers[name] = median_seconds(run_peer, max(3, repeat // 2)) * 1e3
+    if peer:
+        peers = time_peers(op, inputs, params, model, repeat, sync)
     main_peer = next(iter(peers), None)
     peer_ms = peers.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
@@ -128,6 +124,20 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bandwidth, (ops / seconds / peak) if ops and peak else None,
         peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers)
+
+
+def time_peers(op, inputs: dict, params: dict, model: TargetModel, repeat: int, sync) -> dict:
+    """{name: median ms} of the op's PyTorch eager peers, on the target's device (CPU or GPU)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    peers = {}
+    with torch.device("cuda" if model.kind == "cuda" else "cpu"):
+        for name, run_peer in op.torch_peers(inputs, params).items():
+            run_peer()
+            peers[name] = median_seconds(run_peer, max(3, repeat // 2), sync) * 1e3
+    return peers
 
 
 def as_json(lines: list[BenchLine], bandwidth: float, model: TargetModel) -> dict:

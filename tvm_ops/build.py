@@ -12,6 +12,7 @@ rather than handed to dlopen.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ from pathlib import Path
 from . import records, targets
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 2  # 2: knobs in the content hash
+FORMAT_VERSION = 3  # 2: knobs in the content hash; 3: CUDA without fast math
 _lock = threading.Lock()
 _loaded: dict = {}
 build_count = 0  # libraries compiled by this process (tests count rebuilds)
@@ -103,6 +104,31 @@ def variants(op, dtype: str, model: targets.TargetModel) -> list[Variant]:
     return found
 
 
+# TVM compiles CUDA with --use_fast_math: approximate division and denormals flushed to
+# zero (also in comparisons). These kernels promise IEEE float32 arithmetic like their CPU
+# builds (dynamic_scatter_backward's mean and max are bit-exact), so their builds undo it.
+PRECISE_CUDA_ENV = {"TVM_CUDA_NVCC_NO_FAST_MATH": "1",
+                    "TVM_CUDA_NVRTC_EXTRA_OPTS": "--ftz=false --prec-div=true --prec-sqrt=true"}
+
+
+@contextlib.contextmanager
+def precise_cuda_math():
+    """TVM's CUDA compilers (NVRTC and nvcc) without fast math, for the duration."""
+    saved = {k: os.environ.get(k) for k in PRECISE_CUDA_ENV}
+    os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
+    # appended after the caller's own NVRTC options: for these kernels ours win
+    os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = " ".join(
+        filter(None, (saved["TVM_CUDA_NVRTC_EXTRA_OPTS"], PRECISE_CUDA_ENV["TVM_CUDA_NVRTC_EXTRA_OPTS"])))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -125,12 +151,12 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
     digest = variant.content_hash(module)
     entry = out_dir / variant.entry_name(digest)
     target = variant.model.tvm_target()
-    with tvm.transform.PassContext(opt_level=3):
+    with tvm.transform.PassContext(opt_level=3), precise_cuda_math():
         lib = tvm.tirx.build(module, target=target)
-    build_count += 1
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out_dir))
-    sources = _write_sources(lib, variant.model, staging)
+        build_count += 1
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out_dir))
+        sources = _write_sources(lib, variant.model, staging)
     lib.export_library(str(staging / "lib.so"))
     manifest = {
         "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,

@@ -15,6 +15,13 @@ import numpy as np
 from .. import checks, interop, records, schedule_file, spec, targets
 
 
+def peer_tensor(value):
+    """A numpy input as a torch tensor on torch's default device (the peer's device)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(value)).to(torch.get_default_device())
+
+
 class Operator:
     name: str = ""
     kernel_names: tuple = ()  # kernels of one call, in launch order
@@ -70,7 +77,10 @@ class Operator:
         raise NotImplementedError
 
     def torch_peers(self, inputs: dict, params: dict) -> dict:
-        """{name: callable}: the peers `bench` times, the first being the one the ratio uses."""
+        """{name: callable}: the peers `bench` times, the first being the one the ratio uses.
+
+        Peers build their tensors with `peer_tensor` and torch's factory functions, so
+        under `with torch.device("cuda"):` the same peer runs on the GPU."""
         return {"torch": self.torch_peer(inputs, params)}
 
     # --- the call path ----------------------------------------------------------

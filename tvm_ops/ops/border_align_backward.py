@@ -45,7 +45,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 from ..errors import BadParamError
-from .base import Operator
+from .base import Operator, peer_tensor
 
 SCATTER = "border_align_backward_scatter"
 TAIL = "border_align_backward_scatter_tail"
@@ -373,7 +373,7 @@ class BorderAlignBackward(Operator):
     def torch_peer(self, inputs, params):
         import torch
 
-        go, bx, am = (torch.from_numpy(np.asarray(inputs[t])) for t in ("grad_output", "boxes", "argmax_idx"))
+        go, bx, am = (peer_tensor(inputs[t]) for t in ("grad_output", "boxes", "argmax_idx"))
         pool, h, w = params["pool_size"], params["height"], params["width"]
         return lambda: torch_gradient(go, bx, am, pool, h, w)
 

@@ -26,7 +26,7 @@ from tvm.script import tirx as T
 
 from ..errors import BadParamError
 from ..interop import zero as _zero
-from .base import Operator
+from .base import Operator, peer_tensor
 
 KERNELS_FOR = {
     "max": ("max_init", "max_traceback", "max_scatter"),
@@ -291,7 +291,7 @@ class DynamicScatterBackward(Operator):
         """PyTorch eager computing the same rule (max: scatter_reduce amin + scatter)."""
         import torch
 
-        g, f, vf, p2v, count = (torch.from_numpy(np.asarray(inputs[k])) for k in (
+        g, f, vf, p2v, count = (peer_tensor(inputs[k]) for k in (
             "grad_voxel_feats", "feats", "voxel_feats", "point2voxel_map", "voxel_points_count"))
         N, C = f.shape
         M = vf.shape[0]

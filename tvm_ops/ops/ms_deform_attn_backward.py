@@ -52,7 +52,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import BadParamError
-from .base import Operator
+from .base import Operator, peer_tensor
 
 # *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
 KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
@@ -570,12 +570,12 @@ class MsDeformAttnBackward(Operator):
         the callable runs its autograd backward."""
         import torch
 
-        v = torch.from_numpy(np.asarray(inputs["value"])).requires_grad_(True)
-        lo = torch.from_numpy(np.asarray(inputs["sampling_loc"])).requires_grad_(True)
-        a = torch.from_numpy(np.asarray(inputs["attn_weight"])).requires_grad_(True)
+        v = peer_tensor(inputs["value"]).requires_grad_(True)
+        lo = peer_tensor(inputs["sampling_loc"]).requires_grad_(True)
+        a = peer_tensor(inputs["attn_weight"]).requires_grad_(True)
         shapes = [tuple(x) for x in np.asarray(inputs["spatial_shapes"]).tolist()]
         out = _msda_pytorch(v, shapes, lo, a)
-        go = torch.from_numpy(np.asarray(inputs["grad_output"])).reshape(out.shape)
+        go = peer_tensor(inputs["grad_output"]).reshape(out.shape)
 
         def run():
             return torch.autograd.grad(out, (v, lo, a), go, retain_graph=True)

@@ -15,7 +15,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 from .. import policy
-from .base import Operator
+from .base import Operator, peer_tensor
 
 
 def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str):
@@ -166,7 +166,7 @@ class ThreeInterpolateBackward(Operator):
     def _torch_inputs(inputs):
         import torch
 
-        return (torch.from_numpy(np.asarray(inputs[k])) for k in ("grad_output", "indices", "weights"))
+        return (peer_tensor(inputs[k]) for k in ("grad_output", "indices", "weights"))
 
 
 OP = ThreeInterpolateBackward()

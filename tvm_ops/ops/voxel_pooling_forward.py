@@ -38,7 +38,7 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from .base import Operator
+from .base import Operator, peer_tensor
 
 CUDA_VEC = 32  # CUDA main/tail channel split: a warp of channels
 
@@ -444,8 +444,8 @@ class VoxelPoolingForward(Operator):
         """PyTorch eager from the same inputs: mask, voxel index, index_put_(accumulate=True), pos_memo."""
         import torch
 
-        g = torch.from_numpy(np.asarray(inputs["geom_xyz"]))
-        f = torch.from_numpy(np.asarray(inputs["input_features"]))
+        g = peer_tensor(inputs["geom_xyz"])
+        f = peer_tensor(inputs["input_features"])
         X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
         B, N, C = f.shape
 
