@@ -15,5 +15,7 @@ __all__ = ["ArchMismatchError", "BadParamError", "NotSupportedError", "OpError",
 
 def __getattr__(name):
     if name in _operator_names():
-        return getattr(importlib.import_module(f"tvm_ops.ops.{name}"), name)
+        function = getattr(importlib.import_module(f"tvm_ops.ops.{name}"), name)
+        globals()[name] = function  # later lookups find it without this hook
+        return function
     raise AttributeError(f"module 'tvm_ops' has no attribute {name!r}")

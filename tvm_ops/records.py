@@ -9,6 +9,7 @@ A call whose shape class has no correct record uses the hand-tuned default.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -19,8 +20,15 @@ from . import targets
 
 def records_path() -> Path:
     """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
-    if os.environ.get("TVM_OPS_RECORDS"):
-        return Path(os.environ["TVM_OPS_RECORDS"])
+    # asked on every call: the path is worked out once per value of the variables it depends on
+    return _records_path(os.environ.get("TVM_OPS_RECORDS"), os.environ.get("TVM_OPS_CACHE_DIR"),
+                         os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _records_path(records, *_cache_dir_variables) -> Path:
+    if records:
+        return Path(records)
     from .build import cache_dir
 
     return cache_dir() / "tuning.jsonl"

@@ -135,8 +135,10 @@ def cuda(arch: str | None = None) -> TargetModel:
     return TargetModel("cuda", "", arch, sms, min(smem, 48 * 1024), 128)
 
 
+@functools.lru_cache(maxsize=None)
 def local_cuda_arch() -> str | None:
-    """The arch of GPU 0 if this process can see one, else None."""
+    """The arch of GPU 0 if this process can see one, else None (a process's GPUs are fixed
+    when CUDA starts, so this is asked once)."""
     import tvm
 
     dev = tvm.cuda(0)

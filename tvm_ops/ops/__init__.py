@@ -10,10 +10,11 @@ from pathlib import Path
 NOT_OPERATORS = {"base"}
 
 
-def names() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def names() -> tuple[str, ...]:
     """Operator module names, found without importing them (no TVM needed)."""
     folder = Path(__file__).parent
-    return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if m.name not in NOT_OPERATORS)
+    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if m.name not in NOT_OPERATORS))
 
 
 @functools.lru_cache(maxsize=None)

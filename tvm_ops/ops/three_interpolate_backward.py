@@ -83,6 +83,8 @@ class ThreeInterpolateBackward(Operator):
         m_tile = policy.deal_num(max(budget, 0), 1, 4 * c_tile, align=32)
         if m_tile == 0:
             raise ValueError(f"on-chip budget {model.onchip_bytes} B too small for c_tile={c_tile}")
+        if knobs.get("m_tile_max"):
+            m_tile = min(m_tile, int(knobs["m_tile_max"]))
         return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile,
                 "scope": "shared" if model.kind == "cuda" else "global"}
 
