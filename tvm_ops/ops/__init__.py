@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 from pathlib import Path
 
-NOT_OPERATORS = {"base"}
+NOT_OPERATORS = {"base", "task_queue"}  # shared helpers, not operators
 
 
 @functools.lru_cache(maxsize=None)

@@ -45,6 +45,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 from ..errors import BadParamError
+from . import task_queue
 from .base import Operator, peer_tensor
 
 SCATTER = "border_align_backward_scatter"
@@ -212,15 +213,18 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, ahead):
             GI[vn, yy, xx, vs * C + c0 + ll] = T.Cast(dtype, ACC[yy, xx, ll])
 
 
-def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int):
+def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int, parallel: str):
     """CPU: owner (n, s, channel group) accumulates into a private float32 tile, then stores
     it into grad_input[n, :, :, s*C + channels] in dtype.  Main kernel: groups of
     lanes_per_owner (V) vector lanes, channels [0, C // V * V).  Tail kernel: the C % V last
     channels as 16-lane vector owners, then one owner for the C % 16 rest in scalar loops
-    (per-lane corner adds there: same bits, and a scalar lane gains nothing from per-sample)."""
+    (per-lane corner adds there: same bits, and a scalar lane gains nothing from per-sample).
+    The cores take tasks from a shared counter (task_queue): a task is one owner
+    (parallel "group") or one (n, s) border walking its groups in turn ("border")."""
     V = lanes_per_owner
     G = CHANNEL_GROUP
     by_sample = corner_adds == "per_sample"
+    whole_border = parallel == "border"
 
     @T.prim_func(s_tir=True)
     def owner(go_h: T.handle, bx_h: T.handle, am_h: T.handle, gi_h: T.handle, pool_size: T.int32):
@@ -231,22 +235,36 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
         AM = T.match_buffer(am_h, (N, K, 4, C), "int32")
         GI = T.match_buffer(gi_h, (N, H, W, 4 * C), dtype)
         groups = T.meta_var((C % V + G - 1) // G if tail else C // V)
-        for n, s, g in T.grid(N, 4, groups):
-            with T.sblock("owner"):
-                vn, vs, vg = T.axis.remap("SSS", [n, s, g])
-                c0 = T.meta_var(C // V * V + vg * G if tail else vg * V)
-                width = T.meta_var(T.min(G, C - c0) if tail else V)
-                T.reads(GO[vn, 0:K, vs, c0:c0 + width], AM[vn, 0:K, vs, c0:c0 + width], BX[vn, 0:K, 0:4])
-                T.writes(GI[vn, 0:H, 0:W, vs * C + c0:vs * C + c0 + width])
-                # the private tile (243 KB at 25x38 for V = 64)
-                ACC = T.sblock_alloc_buffer((H, W, G if tail else V), "float32")
-                if tail:
-                    if vg < C % V // G:
-                        _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, prefetch)
-                    else:
-                        _owner_walk(vn, vs, c0, C % G, T.serial, False, 0)
-                else:
-                    _owner_walk(vn, vs, c0, V, T.vectorized, by_sample, prefetch)
+        task_groups = T.meta_var(groups if whole_border else 1)  # owners per task
+        next_task = T.alloc_buffer((1,), "int32")
+        next_task[0] = 0
+        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.ANNOTATIONS):
+            with T.sblock("worker"):
+                T.reads()
+                T.writes()
+                task = T.sblock_alloc_buffer((1,), "int32")
+                task[0] = task_queue.next_task(next_task)
+                while task[0] < (N * 4 if whole_border else N * 4 * groups):
+                    for owner_in_task in range(task_groups):
+                        with T.sblock("owner"):
+                            # opaque: it only scopes the tile
+                            T.reads()
+                            T.writes()
+                            o: T.let = task[0] * task_groups + owner_in_task  # owner (n, s, g), g fastest
+                            vn: T.let = o // (4 * groups)
+                            vs: T.let = o // groups % 4
+                            vg: T.let = o % groups
+                            c0 = T.meta_var(C // V * V + vg * G if tail else vg * V)
+                            # the private tile (486 KB at 25x38 for V = 128)
+                            ACC = T.sblock_alloc_buffer((H, W, G if tail else V), "float32")
+                            if tail:
+                                if vg < C % V // G:
+                                    _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, prefetch)
+                                else:
+                                    _owner_walk(vn, vs, c0, C % G, T.serial, False, 0)
+                            else:
+                                _owner_walk(vn, vs, c0, V, T.vectorized, by_sample, prefetch)
+                    task[0] = task_queue.next_task(next_task)
 
     return owner
 
@@ -297,7 +315,7 @@ def computes(dtype: str, kind: str, plan: dict) -> dict:
     if kind == "cuda":
         scatter, tail = _atomic_func(dtype, False), _atomic_func(dtype, True)
     else:
-        knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"])
+        knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"], plan["parallel"])
         scatter, tail = _owner_func(dtype, False, *knobs), _owner_func(dtype, True, *knobs)
     return {SCATTER: scatter, TAIL: tail, CAST: _cast_func(dtype)}
 

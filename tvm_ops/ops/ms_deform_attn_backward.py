@@ -52,6 +52,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import BadParamError
+from . import task_queue
 from .base import Operator, peer_tensor
 
 # *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
@@ -439,34 +440,45 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                     gv_flat[i * V + j] = zero
             for i in range(B * K * H * C % V):
                 gv_flat[B * K * H * C // V * V + i] = zero
-        for bh in T.parallel(B * H):
-            with T.sblock("slice"):
-                # opaque: nothing schedules these blocks (they only scope the workspaces)
+        # slices are handed out one at a time (task_queue): a slower core takes fewer
+        next_slice = T.alloc_buffer((1,), "int32")
+        next_slice[0] = 0
+        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.ANNOTATIONS):
+            with T.sblock("worker"):
                 T.reads()
                 T.writes()
-                b: T.let = bh // H
-                h: T.let = bh % H
-                if private:
-                    vbuf = T.sblock_alloc_buffer((K, C), dtype)
-                    gbuf = T.sblock_alloc_buffer((K, C), dtype)
-                    for r in range(K):
-                        for c0 in range(C // V):
-                            for j in T.vectorized(V):
-                                vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
-                                gbuf[r, c0 * V + j] = zero
-                        for c in range(C % V):
-                            vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
-                            gbuf[r, C // V * V + c] = zero
-                    samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat)
-                    for r in range(K):
-                        for c0 in range(C // V):
-                            for j in T.vectorized(V):
-                                gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]
-                        for c in range(C % V):
-                            gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
-                else:
-                    samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc, gattn,
-                            b, h, K, Q, L, P, C, H, flat)
+                bh = T.sblock_alloc_buffer((1,), "int32")
+                bh[0] = task_queue.next_task(next_slice)
+                while bh[0] < B * H:
+                    with T.sblock("slice"):
+                        # opaque: nothing schedules these blocks (they only scope the workspaces)
+                        T.reads()
+                        T.writes()
+                        b: T.let = bh[0] // H
+                        h: T.let = bh[0] % H
+                        if private:
+                            vbuf = T.sblock_alloc_buffer((K, C), dtype)
+                            gbuf = T.sblock_alloc_buffer((K, C), dtype)
+                            for r in range(K):
+                                for c0 in range(C // V):
+                                    for j in T.vectorized(V):
+                                        vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
+                                        gbuf[r, c0 * V + j] = zero
+                                for c in range(C % V):
+                                    vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
+                                    gbuf[r, C // V * V + c] = zero
+                            samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P,
+                                    C, H, flat)
+                            for r in range(K):
+                                for c0 in range(C // V):
+                                    for j in T.vectorized(V):
+                                        gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]
+                                for c in range(C % V):
+                                    gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
+                        else:
+                            samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc, gattn,
+                                    b, h, K, Q, L, P, C, H, flat)
+                    bh[0] = task_queue.next_task(next_slice)
 
     return backward
 

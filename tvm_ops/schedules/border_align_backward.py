@@ -5,14 +5,11 @@ from tvm_ops.ops.border_align_backward import CAST, SCATTER, TAIL
 
 def llvm(sch, kernel, model, plan):
     if kernel in (SCATTER, TAIL):
-        # owners (n, border, channel group) split evenly over the cores; the lane loops are
-        # vectorised in the compute (they sit inside the owner block, between its staging)
-        n, s, g = sch.get_loops(sch.get_sblock("owner"))
-        if plan["parallel"] == "group":
-            sch.parallel(sch.fuse(n, s, g))
-        else:  # "border": a task owns (n, s) and walks its channel groups in turn
-            sch.parallel(sch.fuse(n, s))
-    elif kernel == CAST:
+        # written in scheduled form: the cores take owners from a shared counter and the lane
+        # loops are vectorised in the compute (they sit inside the owner block, between its
+        # staging)
+        return
+    if kernel == CAST:
         # not launched on the CPU (the owners round while storing); built for the uniform
         # kernel set, kept cheap
         n, h, _w, _q = sch.get_loops(sch.get_sblock("cast"))
