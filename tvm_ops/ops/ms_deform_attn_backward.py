@@ -20,7 +20,8 @@ heads), used when C matches.
       grad_value[row] += w_k a g and the dot d_k = sum_c g v_k in the same
       vectorised channel loop; then grad_attn = sum_k w_k d_k and
       grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the SPEC_NOTES
-      formulas regrouped per corner). Deterministic, no atomics.
+      formulas regrouped per corner). Deterministic, no atomics on the data (the
+      slices are handed out to the cores one at a time by a counter, task_queue).
       `backward_private` works on a contiguous [K, C] copy of the slice (picked by
       shape, policy_llvm); `backward` zero-fills grad_value in one parallel pass
       first. The kernel is written in its scheduled form: TensorIR's block rules
