@@ -16,7 +16,7 @@ heads), used when C matches.
   CPU (cpu_backward_compute): ONE pass over the samples computes all three
       outputs. Owner computes: a parallel task owns a (batch, head) slice of
       grad_value (rows of one (b, h) only receive samples of that (b, h)), walks
-      its samples in (q, l, p) order and, per corner row, does the scatter
+      its samples level by level in (q, p) order and, per corner row, does the scatter
       grad_value[row] += w_k a g and the dot d_k = sum_c g v_k in the same
       vectorised channel loop; then grad_attn = sum_k w_k d_k and
       grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the SPEC_NOTES
@@ -60,9 +60,9 @@ from .base import Operator, peer_tensor
 KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
 
 
-def queries_ahead(samples: int, L, P):
-    """Prefetch distance in queries: `samples` samples, at least one query."""
-    return tirx.max(1, samples // tirx.max(L * P, 1))
+def queries_ahead(samples: int, P):
+    """Prefetch distance in queries of one level: `samples` samples, at least one query."""
+    return tirx.max(1, samples // tirx.max(P, 1))
 
 
 # --------------------------------------------------------------------------
@@ -264,9 +264,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     """The CPU kernel, written in its scheduled form (see the module docstring): one pass
     over the samples computes all three outputs.
 
-    Task = one (b, h) slice (parallel over B*H); inside it the samples are walked in
-    (q, l, p) order, so every grad_value row gets its contributions in a fixed order
-    (deterministic, no atomics). Per sample the four corners are unrolled; per corner
+    Task = one (b, h) slice (parallel over B*H); inside it the samples are walked level
+    by level in (q, p) order, so every grad_value row gets its contributions in a fixed
+    order (deterministic, no atomics). Per sample the four corners are unrolled; per corner
     the channel loop is vectorised (`lanes`, scalar tail for C % lanes) and does both
     the scatter into grad_value and the dot d_k = sum_c g * v_k (a [4, lanes]
     accumulator; the four lane sums in one shuffle tree, _four_lane_sums). Rows are
@@ -278,10 +278,10 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     end (that write-back is also the zero-fill of the slice). Pays off when a slice
     receives many samples (BEVFormer); otherwise grad_value is zero-filled by one
     parallel pass over contiguous rows first.
-    prefetch (samples ahead, 0: off): with A = max(1, prefetch // (L*P)) queries, while
+    prefetch (samples ahead, 0: off): with A = max(1, prefetch // P) queries, while
     on sample (q, l, p) prefetch into L2 the corner rows of sample (q + A, l, p) (clamped
-    into the slice, so the address is always in bounds), and while on query q the
-    per-query rows of query q + 2A (so the locations that prefetch reads are in cache).
+    into the slice, so the address is always in bounds), and while on (q, l) the
+    rows of (q + 2A, l) (so the locations that prefetch reads are in cache).
     channels: C as a constant (None: symbolic). The channel loop is then straight-line
     code with no tail, and the corner accumulators stay in registers (BEVFormer kernel,
     interleaved: see the schedule file).
@@ -385,28 +385,33 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
 
     @T.macro
     def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat):
-        # every sample of the (b, h) slice, in (q, l, p) order; slice row r is row
-        # r*scale + offset of vbuf / gbuf
-        ahead: T.let = queries_ahead(prefetch, L, P)
-        for q in range(Q):
-            with T.sblock("query"):
-                T.reads()
-                T.writes()
-                if prefetch > 0 and q + 2 * ahead < Q:
-                    # the rows of query q + 2 * ahead: its locations (read by one_sample to
-                    # prefetch the next query's corner rows, so they must not miss), weights,
-                    # gradient, and the output rows it writes (one line per 16 words; a query's
-                    # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware prefetchers
-                    # did not follow: the location loads were the kernel's hottest spot)
-                    qa: T.let = (b * Q + q + 2 * ahead) * H + h
-                    prefetch_row(flat[0], qa * L * P * 2, L * P * 2, 0)
-                    prefetch_row(flat[3], qa * L * P * 2, L * P * 2, 1)
-                    prefetch_row(flat[1], qa * L * P, L * P, 0)
-                    prefetch_row(flat[4], qa * L * P, L * P, 1)
-                    prefetch_row(flat[2], qa * C, C, 0)
-                for l, p in T.grid(L, P):
-                    one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C,
-                               ahead, q, l, p)
+        # every sample of the (b, h) slice, level by level, then in (q, p) order: while on a
+        # level only its rows are touched (BEVFormer's three smaller levels fit in L2). A
+        # grad_value row belongs to one level, so it gets its contributions in the same (q, p)
+        # order as in a (q, l, p) walk: the same bits. Slice row r is row r*scale + offset
+        # of vbuf / gbuf.
+        ahead: T.let = queries_ahead(prefetch, P)
+        for l in range(L):
+            for q in range(Q):
+                with T.sblock("query"):
+                    T.reads()
+                    T.writes()
+                    if prefetch > 0 and q + 2 * ahead < Q:
+                        # the rows of (query q + 2 * ahead, level l): its locations (read by
+                        # one_sample to prefetch that query's corner rows, so they must not
+                        # miss), weights, gradient, and the output rows it writes; a query's
+                        # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware
+                        # prefetchers did not follow (the location loads were the kernel's
+                        # hottest spot)
+                        qa: T.let = (b * Q + q + 2 * ahead) * H + h
+                        prefetch_row(flat[0], (qa * L + l) * P * 2, P * 2, 0)
+                        prefetch_row(flat[3], (qa * L + l) * P * 2, P * 2, 1)
+                        prefetch_row(flat[1], (qa * L + l) * P, P, 0)
+                        prefetch_row(flat[4], (qa * L + l) * P, P, 1)
+                        prefetch_row(flat[2], qa * C, C, 0)
+                    for p in range(P):
+                        one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q,
+                                   L, P, C, ahead, q, l, p)
 
     @T.prim_func(s_tir=True)
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
