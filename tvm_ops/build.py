@@ -13,6 +13,7 @@ rather than handed to dlopen.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -34,10 +35,17 @@ build_count = 0  # libraries compiled by this process (tests count rebuilds)
 
 def cache_dir() -> Path:
     """Where built libraries go: $TVM_OPS_CACHE_DIR, else ~/.cache/tvm_ops."""
-    if os.environ.get("TVM_OPS_CACHE_DIR"):
-        return Path(os.environ["TVM_OPS_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tvm_ops"
+    # asked on every call (the tuning records live here): worked out once per value of the
+    # variables it depends on
+    return _cache_dir(os.environ.get("TVM_OPS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"),
+                      os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_dir(explicit: str | None, xdg_cache_home: str | None, _home: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    return Path(xdg_cache_home or Path.home() / ".cache") / "tvm_ops"
 
 
 def search_dirs() -> list[Path]:
@@ -115,7 +123,7 @@ PRECISE_CUDA_ENV = {"TVM_CUDA_NVCC_NO_FAST_MATH": "1",
 def precise_cuda_math():
     """TVM's CUDA compilers (NVRTC and nvcc) without fast math, for the duration."""
     saved = {k: os.environ.get(k) for k in PRECISE_CUDA_ENV}
-    os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
+    os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = PRECISE_CUDA_ENV["TVM_CUDA_NVCC_NO_FAST_MATH"]
     # appended after the caller's own NVRTC options: for these kernels ours win
     os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = " ".join(
         filter(None, (saved["TVM_CUDA_NVRTC_EXTRA_OPTS"], PRECISE_CUDA_ENV["TVM_CUDA_NVRTC_EXTRA_OPTS"])))

@@ -9,7 +9,6 @@ A call whose shape class has no correct record uses the hand-tuned default.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -20,15 +19,8 @@ from . import targets
 
 def records_path() -> Path:
     """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
-    # asked on every call: the path is worked out once per value of the variables it depends on
-    return _records_path(os.environ.get("TVM_OPS_RECORDS"), os.environ.get("TVM_OPS_CACHE_DIR"),
-                         os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
-
-
-@functools.lru_cache(maxsize=8)
-def _records_path(records, *_cache_dir_variables) -> Path:
-    if records:
-        return Path(records)
+    if os.environ.get("TVM_OPS_RECORDS"):
+        return Path(os.environ["TVM_OPS_RECORDS"])
     from .build import cache_dir
 
     return cache_dir() / "tuning.jsonl"

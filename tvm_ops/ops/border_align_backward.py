@@ -389,8 +389,6 @@ class BorderAlignBackward(Operator):
                                         params["pool_size"], params["height"], params["width"])}
 
     def torch_peer(self, inputs, params):
-        import torch
-
         go, bx, am = (peer_tensor(inputs[t]) for t in ("grad_output", "boxes", "argmax_idx"))
         pool, h, w = params["pool_size"], params["height"], params["width"]
         return lambda: torch_gradient(go, bx, am, pool, h, w)

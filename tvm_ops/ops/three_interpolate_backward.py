@@ -166,8 +166,6 @@ class ThreeInterpolateBackward(Operator):
 
     @staticmethod
     def _torch_inputs(inputs):
-        import torch
-
         return (peer_tensor(inputs[k]) for k in ("grad_output", "indices", "weights"))
 
 
