@@ -336,16 +336,19 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                 lh: T.let = h_im - T.Cast(dtype, y0)
                 lw: T.let = w_im - T.Cast(dtype, x0)
                 a: T.let = attn[b, q, h, l, p]
+                # the strict test puts y0 in [-1, h-1] and x0 in [-1, w-1], so each corner row and
+                # column is in the map iff one comparison says so; y0*w + x0 < h*w <= K < 2^31
+                # (no wrap), and the start is added in int64, so no level_start_index can wrap
+                # a row into [0, K)
+                r00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y0 * wl + x0)
                 for k in T.unroll(4):
-                    y: T.let = y0 + k // 2
-                    x: T.let = x0 + k % 2
-                    # for an in-map corner y*w + x < h*w <= K < 2^31 (no wrap; off-map corners
-                    # are rejected whatever r is); the start is added in int64, so no
-                    # level_start_index can wrap the row into [0, K)
-                    r: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y * wl + x)
-                    # per-corner validity, and 0 <= row < K for any level_start_index
-                    rows[k] = T.if_then_else(y >= 0 and y < hl and x >= 0 and x < wl and r >= T.int64(0)
-                                             and r < T.Cast("int64", K), T.Cast("int32", r), -1)
+                    r: T.let = r00 + T.Cast("int64", k // 2 * wl + k % 2)
+                    # per-corner validity, and 0 <= row < K (one unsigned comparison) for any
+                    # level_start_index
+                    y_in: T.let = T.Select(k // 2 == 1, y0 < hl - 1, y0 >= 0)
+                    x_in: T.let = T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0)
+                    rows[k] = T.Select(y_in and x_in and T.Cast("uint64", r) < T.Cast("uint64", K),
+                                       T.Cast("int32", r), -1)
                     d[k] = zero
                     for j in T.vectorized(V):
                         acc[k, j] = zero
