@@ -260,7 +260,8 @@ def _four_lane_sums(acc, V: int):
     return out
 
 
-def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, channels: int | None = None):
+def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, channels: int | None = None,
+                         near_kb: int = 0):
     """The CPU kernel, written in its scheduled form (see the module docstring): one pass
     over the samples computes all three outputs.
 
@@ -281,7 +282,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     prefetch (samples ahead, 0: off): with A = max(1, prefetch // P) queries, while
     on sample (q, l, p) prefetch into L2 the corner rows of sample (q + A, l, p) (clamped
     into the slice, so the address is always in bounds), and while on (q, l) the
-    rows of (q + 2A, l) (so the locations that prefetch reads are in cache).
+    rows of (q + 2A, l) (so the locations that prefetch reads are in cache). The corner
+    rows only on levels whose value + gradient rows exceed near_kb: a smaller level stays
+    in the caches once touched.
     channels: C as a constant (None: symbolic). The channel loop is then straight-line
     code with no tail, and the corner accumulators stay in registers (BEVFormer kernel,
     interleaved: see the schedule file).
@@ -299,7 +302,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
 
     @T.macro
     def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, ahead,
-                   q, l, p):
+                   far, q, l, p):
         with T.sblock("sample"):
             T.reads()
             T.writes()
@@ -311,7 +314,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
             d = T.sblock_alloc_buffer((4,), dtype)
             hl: T.let = shapes[l, 0]
             wl: T.let = shapes[l, 1]
-            if prefetch > 0 and q + ahead < Q:
+            if prefetch > 0 and far and q + ahead < Q:
                 # clamped into the level and into [0, K): always in bounds
                 hn: T.let = position(loc[b, q + ahead, h, l, p, 1], hl)
                 wn: T.let = position(loc[b, q + ahead, h, l, p, 0], wl)
@@ -395,6 +398,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
         # of vbuf / gbuf.
         ahead: T.let = queries_ahead(prefetch, P)
         for l in range(L):
+            # corner rows are prefetched only on levels whose value + gradient rows exceed
+            # near_kb (a smaller one stays in the caches once touched)
+            far: T.let = T.Cast("int64", shapes[l, 0]) * T.Cast("int64", shapes[l, 1]) * (C * 2 * EL) > near_kb * 1024
             for q in range(Q):
                 with T.sblock("query"):
                     T.reads()
@@ -414,7 +420,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                         prefetch_row(flat[2], qa * C, C, 0)
                     for p in range(P):
                         one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q,
-                                   L, P, C, ahead, q, l, p)
+                                   L, P, C, ahead, far, q, l, p)
 
     @T.prim_func(s_tir=True)
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
@@ -544,7 +550,8 @@ class MsDeformAttnBackward(Operator):
         if model.kind == "llvm":
             fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under both names)
             return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name, int(plan["prefetch"]),
-                                               fixed if name.endswith("_fixed_c") else None)
+                                               fixed if name.endswith("_fixed_c") else None,
+                                               int(plan["prefetch_near_kb"]))
                     for name in KERNELS}
         return {name: cuda_backward_compute(dtype) for name in KERNELS}
 
