@@ -60,6 +60,19 @@ from .base import Operator, peer_tensor
 KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
 
 
+# a fused multiply-add, always (TVM 0.27 finds no declaration for llvm.fma through
+# call_llvm_pure_intrin); linked in and inlined like the task counter
+FMA_IR = """
+declare float @llvm.fma.f32(float, float, float)
+define float @tvm_ops_fma_f32(float %a, float %b, float %c) alwaysinline {
+entry:
+  %r = call float @llvm.fma.f32(float %a, float %b, float %c)
+  ret float %r
+}
+"""
+WORKER_ANNOTATIONS = {"pragma_import_llvm": task_queue.NEXT_TASK_IR + FMA_IR}
+
+
 def queries_ahead(samples: int, P):
     """Prefetch distance in queries of one level: `samples` samples, at least one query."""
     return tirx.max(1, samples // tirx.max(P, 1))
@@ -297,7 +310,12 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     channel_count = tirx.Var("C", "int32") if channels is None else tirx.IntImm("int32", channels)
 
     def position(coord, size):
-        # see _corner_macro: the exact coord * size - 0.5, rounded once to the input type
+        # see _corner_macro: the exact coord * size - 0.5, rounded once to the input type; in
+        # float32 that is one fused multiply-add, the operation mmcv's CUDA kernel compiles to
+        # (size rounded to float as there); float16 goes through float64
+        if dtype == "float32":
+            return tirx.call_extern("float32", "tvm_ops_fma_f32", coord, tirx.Cast(dtype, size),
+                                    tirx.const(-0.5, dtype))
         return tirx.Cast(dtype, tirx.Cast("float64", coord) * tirx.Cast("float64", size) - tirx.const(0.5, "float64"))
 
     @T.macro
@@ -460,7 +478,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
         # slices are handed out one at a time (task_queue): a slower core takes fewer
         next_slice = T.alloc_buffer((1,), "int32")
         next_slice[0] = 0
-        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.ANNOTATIONS):
+        for _worker in T.parallel(task_queue.WORKERS, annotations=WORKER_ANNOTATIONS):
             with T.sblock("worker"):
                 T.reads()
                 T.writes()
