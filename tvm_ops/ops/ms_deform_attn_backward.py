@@ -308,6 +308,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     EL = np.dtype(dtype).itemsize
     zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
     channel_count = tirx.Var("C", "int32") if channels is None else tirx.IntImm("int32", channels)
+    # C a known multiple of the vector width: no scalar channel tail, so each corner's dot is
+    # its lane sum alone
+    whole_vectors = channels is not None and channels % V == 0
 
     def position(coord, size):
         # see _corner_macro: the exact coord * size - 0.5, rounded once to the input type; in
@@ -348,9 +351,6 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
             h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
             w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
-            gattn[b, q, h, l, p] = zero
-            gloc[b, q, h, l, p, 0] = zero
-            gloc[b, q, h, l, p, 1] = zero
             # strict validity test (NaN / Inf fail it); only in-range values
             # reach floor() -> int32
             if h_im > -one and w_im > -one and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl):
@@ -372,7 +372,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                     x_in: T.let = T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0)
                     rows[k] = T.Select(y_in and x_in and T.Cast("uint64", r) < T.Cast("uint64", K),
                                        T.Cast("int32", r), -1)
-                    d[k] = zero
+                    if not whole_vectors:
+                        d[k] = zero
                     for j in T.vectorized(V):
                         acc[k, j] = zero
                 for k in T.unroll(4):
@@ -393,12 +394,19 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                 # the four corners' lane sums at once (acc rows of unused corners stay 0)
                 sums[T.Ramp(0, 1, V)] = _four_lane_sums(acc, V)
                 for k in T.unroll(4):
-                    d[k] = d[k] + sums[k * (V // 4)]
+                    if whole_vectors:
+                        d[k] = sums[k * (V // 4)]
+                    else:
+                        d[k] = d[k] + sums[k * (V // 4)]
                 # d_k = 0 for unused corners; the SPEC_NOTES sums regrouped per corner
                 gattn[b, q, h, l, p] = ((one - lh) * ((one - lw) * d[0] + lw * d[1])
                                         + lh * ((one - lw) * d[2] + lw * d[3]))
                 gloc[b, q, h, l, p, 0] = T.Cast(dtype, wl) * a * ((one - lh) * (d[1] - d[0]) + lh * (d[3] - d[2]))
                 gloc[b, q, h, l, p, 1] = T.Cast(dtype, hl) * a * ((one - lw) * (d[2] - d[0]) + lw * (d[3] - d[1]))
+            else:
+                gattn[b, q, h, l, p] = zero
+                gloc[b, q, h, l, p, 0] = zero
+                gloc[b, q, h, l, p, 1] = zero
 
 
     @T.macro
