@@ -341,8 +341,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                 # level's edge prefetches a neighbouring row)
                 hn: T.let = loc[b, q + ahead, h, l, p, 1] * T.Cast(dtype, hl) - T.Cast(dtype, 0.5)
                 wn: T.let = loc[b, q + ahead, h, l, p, 0] * T.Cast(dtype, wl) - T.Cast(dtype, 0.5)
-                yn: T.let = T.Cast("int32", T.floor(T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero)))
-                xn: T.let = T.Cast("int32", T.floor(T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero)))
+                yn: T.let = T.Cast("int32", T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero))
+                xn: T.let = T.Cast("int32", T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero))
                 rn00: T.let = lsi[l] + yn * wl + xn
                 for k in T.unroll(4):
                     rn: T.let = T.max(T.min(rn00 + k // 2 * wl + k % 2, K - 1), 0) * scale + offset
