@@ -73,6 +73,10 @@ entry:
 WORKER_ANNOTATIONS = {"pragma_import_llvm": task_queue.NEXT_TASK_IR + FMA_IR}
 
 
+# rows ahead that the private kernel's slice copy and write-back prefetch
+SLICE_ROWS_AHEAD = 16
+
+
 def queries_ahead(samples: int, P):
     """Prefetch distance in queries of one level: `samples` samples, at least one query."""
     return tirx.max(1, samples // tirx.max(P, 1))
@@ -475,6 +479,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
         value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data, align=EL)
         gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data, align=EL)
         gv_flat = T.decl_buffer((B * K * H * C,), dtype, data=gv.data, align=EL)
+        value_flat = T.decl_buffer((B * K * H * C,), dtype, data=value.data, align=EL)
         if not private:
             # grad_value is contiguous: one flat fill (per row, a symbolic C became a
             # memset call per 128-byte row)
@@ -503,6 +508,10 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                             vbuf = T.sblock_alloc_buffer((K, C), dtype)
                             gbuf = T.sblock_alloc_buffer((K, C), dtype)
                             for r in range(K):
+                                # the slice's rows are H rows apart: prefetching them (here and in
+                                # the write-back) beat leaving the strided stream to the hardware
+                                if r + SLICE_ROWS_AHEAD < K:
+                                    prefetch_row(value_flat, ((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C, C, 0)
                                 for c0 in range(C // V):
                                     for j in T.vectorized(V):
                                         vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
@@ -513,6 +522,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                             samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P,
                                     C, H, flat)
                             for r in range(K):
+                                if r + SLICE_ROWS_AHEAD < K:
+                                    prefetch_row(gv_flat, ((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C, C, 1)
                                 for c0 in range(C // V):
                                     for j in T.vectorized(V):
                                         gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]
