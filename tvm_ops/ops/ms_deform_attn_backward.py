@@ -353,6 +353,12 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                     for e in T.unroll(2):  # first and last channel of the row
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 2, 1))
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
+                    if not private:
+                        # in place, a row need not start on a line (numpy: 16 bytes in), so its
+                        # 16-word groups can touch a line between the first and the last
+                        for e in range(1, (C + 15) // 16):
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * 16]), 0, 2, 1))
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * 16]), 1, 2, 1))
             h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
             w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
             # strict validity test (NaN / Inf fail it); only in-range values
