@@ -36,8 +36,9 @@ im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
 on it, so the kernels ignore it (checked on the host).
 
 Precision: the sampling position is computed as the exact loc * h_l - 0.5
-rounded once to float32 (see _corner_macro); the channel dots and the
-grad_value accumulation are float32, in a fixed order per (b, h) slice.
+rounded once to float32 (see _corner_macro; float32 on the CPU: one fused multiply-add,
+elsewhere through float64); the channel dots and the grad_value accumulation are
+float32, in a fixed order per (b, h) slice.
 
 Safety: every value / grad_value access is guarded by corner validity AND
 0 <= row < K, so any finite sampling location, and inconsistent
