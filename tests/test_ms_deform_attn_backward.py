@@ -91,6 +91,17 @@ def test_inconsistent_level_start_index_never_leaves_the_tensors():
         check_against_reference(args, outs)
 
 
+@pytest.mark.parametrize("private", [False, True])
+def test_prefetched_level_with_any_level_start_index(monkeypatch, private):
+    # a level over the kernels' prefetch_near_kb (10000 rows x 32 channels, value + gradient
+    # 2.5 MB), so the corner-row prefetch runs, with locations on every side of the map
+    monkeypatch.setattr(module, "policy_llvm", lambda sizes, plan: private)
+    args = make(1, [[100, 100]], 24, 1, 32, 4, -0.3, 1.3, seed=11)
+    for lsi in ([0], [-7], [2**31 - 1], [-2**31], [9990]):
+        args[2] = np.asarray(lsi, np.int32)
+        check_against_reference(args, tvm_ops.ms_deform_attn_backward(*args))
+
+
 def test_im2col_step_never_changes_the_result():
     args = make(6, [[5, 3], [2, 2]], 7, 2, 11, 2, -0.1, 1.1)
     results = [tvm_ops.ms_deform_attn_backward(*args, im2col_step=s) for s in (1, 2, 3, 6, 64)]

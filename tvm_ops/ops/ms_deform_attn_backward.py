@@ -342,15 +342,17 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
             wl: T.let = shapes[l, 1]
             if prefetch > 0 and far and q + ahead < Q:
                 # only an address: the position in plain float arithmetic, the cell clamped into
-                # the level and each row into [0, K) (always in bounds; a corner past the
-                # level's edge prefetches a neighbouring row)
+                # the level and each row into [0, K), in int64 so that no level_start_index
+                # wraps it (always in bounds; a corner past the level's edge prefetches a
+                # neighbouring row)
                 hn: T.let = loc[b, q + ahead, h, l, p, 1] * T.Cast(dtype, hl) - T.Cast(dtype, 0.5)
                 wn: T.let = loc[b, q + ahead, h, l, p, 0] * T.Cast(dtype, wl) - T.Cast(dtype, 0.5)
                 yn: T.let = T.Cast("int32", T.max(T.min(hn, T.Cast(dtype, hl - 1)), zero))
                 xn: T.let = T.Cast("int32", T.max(T.min(wn, T.Cast(dtype, wl - 1)), zero))
-                rn00: T.let = lsi[l] + yn * wl + xn
+                rn00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", yn * wl + xn)
                 for k in T.unroll(4):
-                    rn: T.let = T.max(T.min(rn00 + k // 2 * wl + k % 2, K - 1), 0) * scale + offset
+                    rn: T.let = T.Cast("int32", T.max(T.min(rn00 + T.Cast("int64", k // 2 * wl + k % 2),
+                                                            T.Cast("int64", K - 1)), T.int64(0))) * scale + offset
                     for e in T.unroll(2):  # first and last channel of the row
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 2, 1))
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
