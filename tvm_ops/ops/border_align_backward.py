@@ -208,9 +208,16 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, ahead):
             _spread_by_sample(vn, k, vs, c0, lanes, lane_loop)
         else:
             _spread(vn, k, vs, c0, lanes, lane_loop, False)
-    for yy, xx in T.grid(H, W):
+    for pos in range(H * W):
+        if ahead > 0 and pos + 8 < H * W:
+            # the owner's columns of a grad_input row are 4C words apart: prefetch them 8 rows ahead
+            for q in range((lanes + CHANNEL_GROUP - 1) // CHANNEL_GROUP):
+                T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                    GI[vn, (pos + 8) // W, (pos + 8) % W, vs * C + c0 + q * CHANNEL_GROUP]), 1, 3, 1))
+            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                GI[vn, (pos + 8) // W, (pos + 8) % W, vs * C + c0 + lanes - 1]), 1, 3, 1))
         for ll in lane_loop(lanes):
-            GI[vn, yy, xx, vs * C + c0 + ll] = T.Cast(dtype, ACC[yy, xx, ll])
+            GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
 
 
 def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int, parallel: str):
