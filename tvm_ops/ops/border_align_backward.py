@@ -58,6 +58,8 @@ CAST = "border_align_backward_cast"
 CHANNEL_GROUP = 16
 # corner_adds=per_sample computes the pool_size + 1 sample positions of a box 16 at a time
 SAMPLE_BLOCK = 16
+# map positions ahead that an owner's final tile store prefetches its grad_input columns
+TILE_STORE_AHEAD = 8
 
 
 def _border_line(BX, vn, vk, vs, pool_size):
@@ -187,35 +189,38 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
                     ACC[YH[j], XH[j], l] = ACC[YH[j], XH[j], l] + g * (LY[j] * LX[j])
 
 
+@T.macro
+def _prefetch_channels(buf, i0, i1, i2, c0, lanes, write):
+    """Prefetch buf[i0, i1, i2, c0 : c0 + lanes] (channels last): one prefetch per 16 words and
+    one for the last word (a numpy row need not start on a line, so it can span one more)."""
+    for q in range((lanes + CHANNEL_GROUP - 1) // CHANNEL_GROUP):
+        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[i0, i1, i2, c0 + q * CHANNEL_GROUP]),
+                                 write, 3, 1))
+    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[i0, i1, i2, c0 + lanes - 1]), write, 3, 1))
+
+
 @T.macro(hygienic=False)
 def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, ahead):
     """One owner: zero its tile ACC, add boxes k = 0..K-1 in order, store the tile into its
     columns of grad_input (float16: the single rounding). ahead > 0: while on box k, prefetch
     the argmax and gradient rows of box k + ahead (an owner's rows are 4C words apart, one page
-    per k at C = 256, which the hardware prefetchers do not follow)."""
+    per k at C = 256, which the hardware prefetchers do not follow), and while storing map
+    position pos, its grad_input columns at pos + TILE_STORE_AHEAD (4C words apart too)."""
     for yy, xx in T.grid(H, W):
         for ll in lane_loop(lanes):
             ACC[yy, xx, ll] = T.float32(0)
     for k in range(K):
-        if ahead > 0:
-            if k + ahead < K:
-                for q in range(lanes // CHANNEL_GROUP):  # one per 64-byte line of int32
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                        AM[vn, k + ahead, vs, c0 + q * CHANNEL_GROUP]), 0, 3, 1))
-                    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                        GO[vn, k + ahead, vs, c0 + q * CHANNEL_GROUP]), 0, 3, 1))
+        if ahead > 0 and k + ahead < K:
+            _prefetch_channels(AM, vn, k + ahead, vs, c0, lanes, 0)
+            _prefetch_channels(GO, vn, k + ahead, vs, c0, lanes, 0)
         if by_sample:
             _spread_by_sample(vn, k, vs, c0, lanes, lane_loop)
         else:
             _spread(vn, k, vs, c0, lanes, lane_loop, False)
     for pos in range(H * W):
-        if ahead > 0 and pos + 8 < H * W:
-            # the owner's columns of a grad_input row are 4C words apart: prefetch them 8 rows ahead
-            for q in range((lanes + CHANNEL_GROUP - 1) // CHANNEL_GROUP):
-                T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                    GI[vn, (pos + 8) // W, (pos + 8) % W, vs * C + c0 + q * CHANNEL_GROUP]), 1, 3, 1))
-            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                GI[vn, (pos + 8) // W, (pos + 8) % W, vs * C + c0 + lanes - 1]), 1, 3, 1))
+        if ahead > 0 and pos + TILE_STORE_AHEAD < H * W:
+            nxt = T.meta_var(pos + TILE_STORE_AHEAD)
+            _prefetch_channels(GI, vn, nxt // W, nxt % W, vs * C + c0, lanes, 1)
         for ll in lane_loop(lanes):
             GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
 
