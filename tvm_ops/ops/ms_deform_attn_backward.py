@@ -36,9 +36,9 @@ im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
 on it, so the kernels ignore it (checked on the host).
 
 Precision: the sampling position is computed as the exact loc * h_l - 0.5
-rounded once to float32 (see _corner_macro; float32 on the CPU: one fused multiply-add,
-elsewhere through float64); the channel dots and the grad_value accumulation are
-float32, in a fixed order per (b, h) slice.
+rounded once to float32 (see _corner_macro: on the CPU one fused multiply-add, on CUDA
+through float64); the channel dots and the grad_value accumulation are float32, in a
+fixed order per (b, h) slice.
 
 Safety: every value / grad_value access is guarded by corner validity AND
 0 <= row < K, so any finite sampling location, and inconsistent
@@ -317,14 +317,13 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     # its lane sum alone
     whole_vectors = channels is not None and channels % V == 0
 
+    # the spec's only dtype; position() below is float32's fused multiply-add
+    assert dtype == "float32", dtype
+
     def position(coord, size):
-        # see _corner_macro: the exact coord * size - 0.5, rounded once to the input type; in
-        # float32 that is one fused multiply-add, the operation mmcv's CUDA kernel compiles to
-        # (size rounded to float as there); float16 goes through float64
-        if dtype == "float32":
-            return tirx.call_extern("float32", "tvm_ops_fma_f32", coord, tirx.Cast(dtype, size),
-                                    tirx.const(-0.5, dtype))
-        return tirx.Cast(dtype, tirx.Cast("float64", coord) * tirx.Cast("float64", size) - tirx.const(0.5, "float64"))
+        # see _corner_macro: the exact coord * size - 0.5, rounded once to float32, is one fused
+        # multiply-add, the operation mmcv's CUDA kernel compiles to (size rounded to float as there)
+        return tirx.call_extern("float32", "tvm_ops_fma_f32", coord, tirx.Cast(dtype, size), tirx.const(-0.5, dtype))
 
     @T.macro
     def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, ahead,
@@ -353,15 +352,14 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                 for k in T.unroll(4):
                     rn: T.let = T.Cast("int32", T.max(T.min(rn00 + T.Cast("int64", k // 2 * wl + k % 2),
                                                             T.Cast("int64", K - 1)), T.int64(0))) * scale + offset
-                    for e in T.unroll(2):  # first and last channel of the row
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * (C - 1)]), 0, 2, 1))
-                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * (C - 1)]), 1, 2, 1))
-                    if not private:
-                        # in place, a row need not start on a line (numpy: 16 bytes in), so its
-                        # 16-word groups can touch a line between the first and the last
-                        for e in range(1, (C + 15) // 16):
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * 16]), 0, 2, 1))
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * 16]), 1, 2, 1))
+                    # one prefetch per 16 words, and the last word's line when a row need not
+                    # start on one (in place: numpy rows start 16 bytes in; or C % 16 != 0)
+                    for e in range((C + 15) // 16):
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, e * 16]), 0, 2, 1))
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, e * 16]), 1, 2, 1))
+                    if not private or C % 16 != 0:
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, C - 1]), 0, 2, 1))
+                        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, C - 1]), 1, 2, 1))
             h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
             w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
             # strict validity test (NaN / Inf fail it); only in-range values
