@@ -80,8 +80,9 @@ class Variant:
 
         digest = hashlib.sha256()
         # the knobs too: a knob that only changes what launch does (which kernels it calls)
-        # leaves the code alike, but the manifest's knobs must be the library's own
-        for part in (module.script(), json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
+        # leaves the code alike, but the manifest's knobs must be the library's own; show_meta:
+        # strings such as the inline LLVM IR of pragma_import_llvm print as metadata
+        for part in (module.script(show_meta=True), json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
                      json.dumps(self.knobs, sort_keys=True, default=str), tvm.__version__, str(FORMAT_VERSION)):
             digest.update(part.encode())
         return digest.hexdigest()[:16]
