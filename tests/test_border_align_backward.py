@@ -117,18 +117,31 @@ def hostile(n, h, w, c, pool, dtype, seed):
     return go, bx, am
 
 
+def line_aligned_storage(size, dtype, fill):
+    """A 1-D array of `size` elements that starts on a cache line (64 bytes)."""
+    raw = np.empty(size * np.dtype(dtype).itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    storage = raw[start:start + size * np.dtype(dtype).itemsize].view(dtype)
+    storage[:] = fill
+    return storage
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("n, h, w, c", [(2, 5, 7, 37), (1, 1, 1, 16), (2, 3, 2, 5)])
-def test_no_write_outside_grad_input(n, h, w, c, dtype):
+# C = 256: the 128-lane main kernel, its stores streamed when grad_input starts on a line;
+# C = 132: main kernel + tail, rows of whole lines (4C words) but border blocks that are not
+@pytest.mark.parametrize("n, h, w, c", [(2, 5, 7, 37), (1, 1, 1, 16), (2, 3, 2, 5), (1, 4, 5, 132),
+                                        (1, 3, 4, 256)])
+@pytest.mark.parametrize("shift", [0, 3], ids=["on_a_line", "off_a_line"])
+def test_no_write_outside_grad_input(n, h, w, c, dtype, shift):
     pool = 6
     go, bx, am = hostile(n, h, w, c, pool, dtype, seed=n * 100 + c)
     size = n * h * w * 4 * c
     sentinel = np.array(-12345.0, dtype)
-    storage = np.full(GUARD + size + GUARD, sentinel, dtype)
-    out = storage[GUARD:GUARD + size].reshape(n, h, w, 4 * c)
+    storage = line_aligned_storage(GUARD + shift + size + GUARD, dtype, sentinel)
+    out = storage[GUARD + shift:GUARD + shift + size].reshape(n, h, w, 4 * c)
     result = tvm_ops.border_align_backward(go, bx, am, pool, out=out)
     assert result is out
-    assert (storage[:GUARD] == sentinel).all() and (storage[GUARD + size:] == sentinel).all()
+    assert (storage[:GUARD + shift] == sentinel).all() and (storage[GUARD + shift + size:] == sentinel).all()
     # every element of grad_input was written (no sentinel left), and the values are right
     ref = reference(go, bx, am, pool, h, w)
     assert not (out == sentinel).any() and np.isfinite(out).all()
@@ -148,6 +161,31 @@ def test_nan_boxes_contribute_nothing_and_inf_boxes_stay_finite():
     same = tvm_ops.border_align_backward(zeroed, bad, am, 10, height=4, width=5)
     np.testing.assert_array_equal(result, same)
     check(result, go, bad, am, 10, 4, 5)
+
+
+def test_nonfinite_gradients_reach_only_their_own_corners():
+    # corner_adds=per_position adds g * 0 where a lane's sample has no corner, which an inf or
+    # NaN gradient would turn into NaN there: such boxes take the per-sample adds
+    go, bx, am = inputs(1, 4, 5, 130, seed=12)
+    go[0, 3, 0, 7] = np.inf
+    go[0, 8, 2, 129] = -np.inf
+    go[0, 11, 1, 64] = np.nan
+    result = tvm_ops.border_align_backward(go, bx, am, 10, height=4, width=5)
+    with np.errstate(invalid="ignore"):
+        ref = reference(go, bx, am, 10, 4, 5)
+    for special in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(special(result), special(ref))
+    assert np.isnan(result).any() and np.isinf(result).any()
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(result[finite], ref[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pool", [14, 15, 40])
+def test_pool_sizes_past_the_position_table(pool):
+    # per_position's table holds samples 0..14 (entry 15 is "no sample"); larger pool sizes
+    # take the per-sample adds, in the same kernel
+    go, bx, am = inputs(2, 4, 6, 130, pool, "float32", "partly_outside", spill=2, seed=pool)
+    check(tvm_ops.border_align_backward(go, bx, am, pool, height=4, width=6), go, bx, am, pool, 4, 6)
 
 
 def test_argmax_outside_the_samples_contributes_nothing():

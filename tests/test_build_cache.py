@@ -89,6 +89,23 @@ def test_changing_a_knob_changes_the_content_hash():
     assert hashes[0] != hashes[1]
 
 
+def test_changing_only_inline_llvm_ir_changes_the_content_hash():
+    # pragma_import_llvm's text prints as module metadata: the hash must still see it
+    import tvm
+    from tvm.script import tirx as T
+
+    def module(ir):
+        @T.prim_func(s_tir=True)
+        def kernel(a: T.Buffer((4,), "int32")):
+            for i in T.serial(4, annotations={"pragma_import_llvm": ir}):
+                a[i] = T.call_extern("int32", "tvm_ops_test_one")
+        return tvm.IRModule({"kernel": kernel})
+
+    one = "define i32 @tvm_ops_test_one() {\nentry:\n  ret i32 %s\n}\n"
+    variant = build.default_variant(OP, "float32", targets.resolve("llvm"))
+    assert variant.content_hash(module(one % 1)) != variant.content_hash(module(one % 2))
+
+
 def test_a_launch_only_knob_gets_its_own_library(tmp_path):
     """ms_deform's private_min_ratio changes which kernel launch calls, not the code: its
     libraries must still differ, or a load would find the other knob's manifest (and plan)."""
@@ -114,6 +131,17 @@ def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
         assert f".target {arch}" in ptx and ".entry" in ptx
         # built without fast math: IEEE division, denormals kept (TVM's default flushes them)
         assert ".approx" not in ptx and ".ftz" not in ptx
+
+
+def test_border_align_takes_per_sample_adds_without_avx512(tmp_path):
+    # per_position's lookup is AVX-512's vpermps: an AVX2 CPU's plan falls back to per_sample
+    border, haswell = get("border_align_backward"), targets.resolve("llvm:haswell")
+    variant = build.default_variant(border, "float32", haswell)
+    assert variant.knobs["corner_adds"] == "per_position"
+    assert border.plan(haswell, variant.knobs)["corner_adds"] == "per_sample"
+    assert border.plan(targets.resolve("llvm:znver4"), variant.knobs)["corner_adds"] == "per_position"
+    asm = (build.build_entry(variant, tmp_path) / "kernels.s").read_text()
+    assert "ymm" in asm and "zmm" not in asm and "vpermps" not in asm
 
 
 def test_other_x86_cpu_targets_build_here_and_do_not_run_here(tmp_path):

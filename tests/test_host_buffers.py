@@ -26,6 +26,14 @@ def address(array) -> int:
     return array.__array_interface__["data"][0]
 
 
+@pytest.mark.parametrize("shape", [(3,), (25, 38, 100), (1 << 20,)])
+def test_outputs_start_on_a_cache_line(shape):
+    # small ones from numpy, large ones from the reused blocks: both on a 64-byte boundary
+    array = host_buffers.empty(shape, np.float32)
+    assert address(array) % host_buffers.LINE_BYTES == 0
+    assert array.shape == shape and array.flags.c_contiguous and array.flags.writeable
+
+
 def test_a_dead_array_block_is_reused(cache):
     first = cache.empty((32, 64), np.float32)
     where = address(first)
@@ -63,7 +71,7 @@ def test_free_blocks_stay_under_the_limit(cache, monkeypatch):
 def test_limit_zero_turns_the_cache_off(cache, monkeypatch):
     monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "0")
     array = cache.empty((SMALL,), np.float32)
-    assert array.base is None  # a plain np.empty array, owning its memory
+    assert isinstance(array.base, np.ndarray)  # numpy's own memory, not a cached block
     del array
     gc.collect()
     assert cache.cached_bytes() == 0

@@ -16,17 +16,24 @@ llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
 
 - llvm (owner computes, no atomics, deterministic): an owner (n, s, V-channel group) zeroes
   a private float32 tile [H, W, V], walks k = 0..K-1 in order adding every sample into it,
-  then stores the tile into its columns of grad_input (rounding once for float16). Different
+  then stores the tile into its columns of grad_input (rounding once for float16; streamed
+  past the caches when grad_input starts on a cache line, as our own outputs do). Different
   (s, c) columns never collide, so owners need no atomics, and every element is summed in the
   same order whatever the thread count. Corner adds (knob corner_adds):
-    per_sample (default): the V lanes of one (n, k, s) share the box, so there are only
+    per_position (default): a border moves along one axis, so its samples' corners are a
+      range of cells on that axis crossed with two fixed rows. Each such map position gets
+      one contiguous V-lane tile row add, each lane's weight looked up (AVX-512 vpermps) in
+      the position's 16-entry table of per-sample weights: ~23 row adds per box on the
+      network case instead of per_sample's 44. pool_size < 15 and finite gradients (a lane
+      adds g * 0 where its sample has no corner); otherwise per_sample, in the same kernel.
+    per_sample: the V lanes of one (n, k, s) share the box, so there are only
       pool_size + 1 sample positions; their geometry is computed once (16 samples per
       vector), then per sample the lanes whose argmax names it add their gradient at its 4
       corners, each a contiguous V-lane tile row (vector load/FMA/store); other lanes add +0.
     per_lane: each lane computes its own sample (vectors), then its 4 corner adds are per
       lane (TVM scalarises the scatter across tile rows).
-  Both give the same bits (each lane gets its own sample's adds in the same order; +0 changes
-  no bit in a tile that starts at +0 with weights >= 0).
+  All three give the same bits (each lane gets its own sample's products g * (hy * hx), one
+  per tile position; +0 changes no bit in a tile that starts at +0 with weights >= 0).
 - cuda (mlu-ops' plan): one thread per (n, k, s, c), channels fastest, atomicAdd of the 4
   weighted corners into grad_input (float32, zeroed first) or into a zeroed float32 workspace
   that `cast` rounds once into grad_input (float16: accumulate in float32, round once).
@@ -60,6 +67,96 @@ CHANNEL_GROUP = 16
 SAMPLE_BLOCK = 16
 # map positions ahead that an owner's final tile store prefetches its grad_input columns
 TILE_STORE_AHEAD = 8
+# corner_adds=per_position: a map position's weight per sample is one 16-entry vector, looked
+# up per lane with a variable permute; the last entry stands for "no sample" (weight 0), so
+# it serves pool_size < 15 (larger pool sizes take per_sample)
+POSITION_TABLE = 16
+
+
+def _lookup_ir(lanes: int) -> str:
+    """LLVM IR of tvm_ops_lookup16_x<lanes>(table <16 x float>, index <lanes x i32>): each
+    lane's table[index & 15], one AVX-512 vpermps per 16 lanes (TVM has no permute builtin;
+    the same lookup written as element extracts became 16 scalar loads from the stack)."""
+    vi, vf = f"<{lanes} x i32>", f"<{lanes} x float>"
+    body = []
+    parts = []
+    for q in range(0, lanes, 16):
+        mask = ", ".join(f"i32 {q + j}" for j in range(16))
+        body += [f"  %i{q} = shufflevector {vi} %i, {vi} poison, <16 x i32> <{mask}>",
+                 f"  %p{q} = call <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float> %t, <16 x i32> %i{q})"]
+        parts.append((f"%p{q}", 16))
+    while len(parts) > 1:  # concatenate neighbours: 16 + 16 -> 32 -> ...
+        merged = []
+        for a in range(0, len(parts), 2):
+            (x, wx), (y, wy) = parts[a], parts[a + 1]
+            name = f"%c{len(body)}"
+            mask = ", ".join(f"i32 {j}" for j in range(wx + wy))
+            body.append(f"  {name} = shufflevector <{wx} x float> {x}, <{wy} x float> {y}, <{wx + wy} x i32> <{mask}>")
+            merged.append((name, wx + wy))
+        parts = merged
+    return (f"define {vf} @tvm_ops_lookup16_x{lanes}(<16 x float> %t, {vi} %i) alwaysinline {{\nentry:\n"
+            + "\n".join(body) + f"\n  ret {vf} {parts[0][0]}\n}}\n")
+
+
+def _all_finite_ir(lanes: int) -> str:
+    """LLVM IR of tvm_ops_all_finite_x<lanes>(<lanes x float>): 1 if no lane is inf or NaN."""
+    v = f"<{lanes} x float>"
+    inf = f"<{', '.join(['float 0x7FF0000000000000'] * lanes)}>"
+    return (f"declare {v} @llvm.fabs.v{lanes}f32({v})\n"
+            f"declare i1 @llvm.vector.reduce.and.v{lanes}i1(<{lanes} x i1>)\n"
+            f"define i32 @tvm_ops_all_finite_x{lanes}({v} %g) alwaysinline {{\nentry:\n"
+            f"  %a = call {v} @llvm.fabs.v{lanes}f32({v} %g)\n"
+            f"  %f = fcmp olt {v} %a, {inf}\n"
+            f"  %r = call i1 @llvm.vector.reduce.and.v{lanes}i1(<{lanes} x i1> %f)\n"
+            f"  %z = zext i1 %r to i32\n  ret i32 %z\n}}\n")
+
+
+def _lookup(table, index, lanes):
+    """Per lane, table[index[lane]] (table: POSITION_TABLE floats, index: lanes int32)."""
+    return T.call_pure_extern(f"float32x{lanes}", f"tvm_ops_lookup16_x{lanes}",
+                              table[T.Ramp(0, 1, POSITION_TABLE)], index[T.Ramp(0, 1, lanes)])
+
+
+REDUCE_IR = "".join(
+    f"declare i32 @llvm.vector.reduce.s{op}.v16i32(<16 x i32>)\n"
+    f"define i32 @tvm_ops_{op}16(<16 x i32> %v) alwaysinline {{\nentry:\n"
+    f"  %r = call i32 @llvm.vector.reduce.s{op}.v16i32(<16 x i32> %v)\n  ret i32 %r\n}}\n"
+    for op in ("min", "max"))
+# a cell index beyond any map (per_position's empty range starts here and ends at -1)
+NO_CELL = 1 << 20
+
+
+def _reduce(op, rows, row):
+    """min or max of rows[row, 0:16] (int32)."""
+    return T.call_pure_extern("int32", f"tvm_ops_{op}16", rows[row, T.Ramp(0, 1, POSITION_TABLE)])
+
+
+# words of each dtype in a 64-byte cache line
+CACHE_LINE_WORDS = {"float32": 16, "float16": 32}
+
+
+def _stream_ir(lanes: int, dtype: str) -> str:
+    """LLVM IR of tvm_ops_stream_x<lanes>_<dtype>(ptr, vector): a non-temporal store of whole
+    cache lines (the pointer must be 64-byte aligned); tvm_ops_line_aligned(ptr): 1 if the
+    pointer is; tvm_ops_store_fence(): orders the streamed stores before the owner ends."""
+    v = f"<{lanes} x {'float' if dtype == 'float32' else 'half'}>"
+    return (f"define void @tvm_ops_stream_x{lanes}_{dtype}(ptr %p, {v} %v) alwaysinline {{\nentry:\n"
+            f"  store {v} %v, ptr %p, align 64, !nontemporal !0\n  ret void\n}}\n"
+            "define i32 @tvm_ops_line_aligned(ptr %p) alwaysinline {\nentry:\n"
+            "  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, 63\n  %c = icmp eq i64 %m, 0\n"
+            "  %z = zext i1 %c to i32\n  ret i32 %z\n}\n"
+            "declare void @llvm.x86.sse.sfence()\n"
+            "define void @tvm_ops_store_fence() alwaysinline {\nentry:\n"
+            "  call void @llvm.x86.sse.sfence()\n  ret void\n}\n"
+            "!0 = !{i32 1}\n")
+
+
+def _line_aligned(buf):
+    return T.call_extern("int32", "tvm_ops_line_aligned", T.address_of(buf[0, 0, 0, 0])) != 0
+
+
+def _all_finite(values, lanes):
+    return T.call_pure_extern("int32", f"tvm_ops_all_finite_x{lanes}", values[T.Ramp(0, 1, lanes)]) != 0
 
 
 def _border_line(BX, vn, vk, vs, pool_size):
@@ -127,16 +224,81 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
 
 
 @T.macro(hygienic=False)
-def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
+def _sample_adds(b, lanes, lane_loop):
+    """per_sample's adds for samples b*16 .. b*16 + 15: per valid sample j the lanes whose
+    argmax is j add their gradient at its 4 corners, each a contiguous tile row (vector
+    load/FMA/store); the other lanes add +0."""
+    for j in range(SAMPLE_BLOCK):
+        if OK[j] != 0:
+            hy = T.meta_var(T.float32(1) - LY[j])
+            hx = T.meta_var(T.float32(1) - LX[j])
+            for l in lane_loop(lanes):
+                g = T.meta_var(T.Select(AS[l] == b * SAMPLE_BLOCK + j, GS[l], T.float32(0)))
+                # in order: at the map edge two corners are the same pixel
+                ACC[YL[j], XL[j], l] = ACC[YL[j], XL[j], l] + g * (hy * hx)
+                ACC[YL[j], XH[j], l] = ACC[YL[j], XH[j], l] + g * (hy * LX[j])
+                ACC[YH[j], XL[j], l] = ACC[YH[j], XL[j], l] + g * (LY[j] * hx)
+                ACC[YH[j], XH[j], l] = ACC[YH[j], XH[j], l] + g * (LY[j] * LX[j])
+
+
+@T.macro(hygienic=False)
+def _cell_adds(along_x, lanes):
+    """_position_adds for one orientation (along_x: a Python bool, so each gets its own loop)."""
+    # the moving axis' lo, hi and fraction, and the fixed axis' fraction, per sample
+    m_lo, m_hi = T.meta_var((XL, XH) if along_x else (YL, YH))
+    m_fr, f_fr = T.meta_var((LX, LY) if along_x else (LY, LX))
+    f_lo_of = T.meta_var(YL if along_x else XL)
+    for j in T.vectorized(POSITION_TABLE):
+        SPAN[0, j] = T.Select(OK[j] != 0, m_lo[j], NO_CELL)
+        SPAN[1, j] = T.Select(OK[j] != 0, m_hi[j], -1)
+        SPAN[2, j] = T.Select(OK[j] != 0, f_lo_of[j], -1)
+    first: T.let = _reduce("min", SPAN, 0)
+    last: T.let = _reduce("max", SPAN, 1)
+    f_lo: T.let = _reduce("max", SPAN, 2)
+    f_hi: T.let = T.min(f_lo + 1, (H if along_x else W) - 1)
+    lanes_ = T.meta_var(T.Ramp(0, 1, lanes))
+    for cell in range(first, last + 1):
+        for j in T.vectorized(POSITION_TABLE):
+            # 1 - m_fr at the lo cell, m_fr at the hi one (both at the map edge, where m_fr
+            # is 0: the sum is exact)
+            w_cell = T.meta_var(T.Select(SPAN[0, j] == cell, T.float32(1) - m_fr[j], T.float32(0))
+                                + T.Select(SPAN[1, j] == cell, m_fr[j], T.float32(0)))
+            TL[j] = (T.float32(1) - f_fr[j]) * w_cell
+            TH[j] = f_fr[j] * w_cell
+        y0, x0 = T.meta_var((f_lo, cell) if along_x else (cell, f_lo))
+        ACC[y0, x0, lanes_] = ACC[y0, x0, lanes_] + GS[lanes_] * _lookup(TL, AS, lanes)
+        if f_hi != f_lo:  # at the map edge the hi row is the lo row, with weight 0
+            y1, x1 = T.meta_var((f_hi, cell) if along_x else (cell, f_hi))
+            ACC[y1, x1, lanes_] = ACC[y1, x1, lanes_] + GS[lanes_] * _lookup(TH, AS, lanes)
+
+
+@T.macro(hygienic=False)
+def _position_adds(vs, lanes):
+    """per_position's adds: the border moves along one axis (x for top and bottom), so its
+    samples' corners are the cells of a range on that axis crossed with the two rows of the
+    other (the same for every sample). Each of those map positions gets one add per row, each
+    lane's weight looked up in the position's table (the weight of every sample there)."""
+    TL = T.alloc_buffer((POSITION_TABLE,), "float32")  # per sample: weight at (fixed lo row, cell)
+    TH = T.alloc_buffer((POSITION_TABLE,), "float32")  # ... at (fixed hi row, cell)
+    # per valid sample: its lo cell, hi cell and fixed lo row (invalid: out of every range)
+    SPAN = T.alloc_buffer((3, POSITION_TABLE), "int32")
+    if vs % 2 == 0:
+        _cell_adds(True, lanes)
+    else:
+        _cell_adds(False, lanes)
+
+
+@T.macro(hygienic=False)
+def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop, by_position):
     """CPU, same result as _spread into the tile: all lanes of (n, k, s) share the box, so
     there are only pool_size + 1 sample positions. Their geometry is computed 16 samples at a
     time as vectors (the same expressions as _spread, with the sample index in place of the
-    argmax), staged in local arrays; then per valid sample i the lanes whose argmax is i add
-    their gradient at its 4 corners: each add is one contiguous tile row (vector
-    load/FMA/store, no scatter); the other lanes add +0 (the tile starts at +0 and the weights
-    are >= 0, so +0 changes no bit). Per lane the adds keep _spread's order and products
-    (g * (hy * hx): one vector FMA per corner, the weight product is per sample), so the bits
-    match corner_adds=per_lane."""
+    argmax), staged in local arrays; then the adds, each one contiguous tile row (vector
+    load/FMA/store, no scatter): per sample (_sample_adds) or per map position
+    (_position_adds, by_position; pool_size < 15, finite gradients). Lanes add +0 where their
+    sample has no corner (the tile starts at +0 and the weights are >= 0, so +0 changes no
+    bit). Per lane the products are _spread's (g * (hy * hx): one vector FMA per corner, the
+    weight product is per sample), so the bits match corner_adds=per_lane."""
     SY = T.alloc_buffer((SAMPLE_BLOCK,), "float32")  # clamped sample y (0 if invalid)
     SX = T.alloc_buffer((SAMPLE_BLOCK,), "float32")
     OK = T.alloc_buffer((SAMPLE_BLOCK,), "int32")    # 1: sample inside [-1, H] x [-1, W]
@@ -153,9 +315,13 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
     AS = T.alloc_buffer((lanes,), "int32")
     GS = T.alloc_buffer((lanes,), "float32")
     for l in lane_loop(lanes):
-        AS[l] = AM[vn, vk, vs, c0 + l]
+        am = T.meta_var(AM[vn, vk, vs, c0 + l])
+        if by_position:  # the table's last entry is no sample's: weight 0 at every position
+            AS[l] = T.Select(am >= 0 and am <= pool_size, am, POSITION_TABLE - 1)
+        else:
+            AS[l] = am
         GS[l] = T.Cast("float32", GO[vn, vk, vs, c0 + l])
-    for b in range((pool_size + SAMPLE_BLOCK) // SAMPLE_BLOCK):  # blocks of samples 0..pool_size
+    for b in range(1 if by_position else (pool_size + SAMPLE_BLOCK) // SAMPLE_BLOCK):
         # two loops, the second reading what the first staged (a local array written and read
         # in the same vectorised iteration is compacted to 1 element: wrong results)
         for j in T.vectorized(SAMPLE_BLOCK):
@@ -176,17 +342,15 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop):
             XH[j] = T.min(xi + 1, W - 1)
             LY[j] = T.Select(yi >= H - 1, T.float32(0), SY[j] - T.Cast("float32", yi))
             LX[j] = T.Select(xi >= W - 1, T.float32(0), SX[j] - T.Cast("float32", xi))
-        for j in range(SAMPLE_BLOCK):
-            if OK[j] != 0:
-                hy = T.meta_var(T.float32(1) - LY[j])
-                hx = T.meta_var(T.float32(1) - LX[j])
-                for l in lane_loop(lanes):
-                    g = T.meta_var(T.Select(AS[l] == b * SAMPLE_BLOCK + j, GS[l], T.float32(0)))
-                    # in order: at the map edge two corners are the same pixel
-                    ACC[YL[j], XL[j], l] = ACC[YL[j], XL[j], l] + g * (hy * hx)
-                    ACC[YL[j], XH[j], l] = ACC[YL[j], XH[j], l] + g * (hy * LX[j])
-                    ACC[YH[j], XL[j], l] = ACC[YH[j], XL[j], l] + g * (LY[j] * hx)
-                    ACC[YH[j], XH[j], l] = ACC[YH[j], XH[j], l] + g * (LY[j] * LX[j])
+        if by_position:
+            # a lane's +0 is g * 0 here, NaN for an infinite or NaN gradient: such boxes take
+            # the per-sample adds, which mask the gradient itself
+            if _all_finite(GS, lanes):
+                _position_adds(vs, lanes)
+            else:
+                _sample_adds(b, lanes, lane_loop)
+        else:
+            _sample_adds(b, lanes, lane_loop)
 
 
 @T.macro
@@ -200,12 +364,13 @@ def _prefetch_channels(buf, i0, i1, i2, c0, lanes, write):
 
 
 @T.macro(hygienic=False)
-def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, ahead):
+def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, stream):
     """One owner: zero its tile ACC, add boxes k = 0..K-1 in order, store the tile into its
     columns of grad_input (float16: the single rounding). ahead > 0: while on box k, prefetch
     the argmax and gradient rows of box k + ahead (an owner's rows are 4C words apart, one page
     per k at C = 256, which the hardware prefetchers do not follow), and while storing map
-    position pos, its grad_input columns at pos + TILE_STORE_AHEAD (4C words apart too)."""
+    position pos, its grad_input columns at pos + TILE_STORE_AHEAD (4C words apart too).
+    stream: the owner's columns are whole cache lines wherever grad_input starts on one."""
     for yy, xx in T.grid(H, W):
         for ll in lane_loop(lanes):
             ACC[yy, xx, ll] = T.float32(0)
@@ -213,10 +378,35 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, ahead):
         if ahead > 0 and k + ahead < K:
             _prefetch_channels(AM, vn, k + ahead, vs, c0, lanes, 0)
             _prefetch_channels(GO, vn, k + ahead, vs, c0, lanes, 0)
-        if by_sample:
-            _spread_by_sample(vn, k, vs, c0, lanes, lane_loop)
+        if by_position:
+            if pool_size < POSITION_TABLE - 1:
+                _spread_by_sample(vn, k, vs, c0, lanes, lane_loop, True)
+            else:
+                _spread_by_sample(vn, k, vs, c0, lanes, lane_loop, False)
+        elif by_sample:
+            _spread_by_sample(vn, k, vs, c0, lanes, lane_loop, False)
         else:
             _spread(vn, k, vs, c0, lanes, lane_loop, False)
+    if stream:
+        # whole lines: stream them past the caches (no read for ownership, and grad_input
+        # does not evict the inputs), when the owner's columns are whole lines: grad_input
+        # starts on a line, and so does every border's block of C (the owner's V words are
+        # whole lines, or stream is off)
+        if _line_aligned(GI) and C % CACHE_LINE_WORDS[dtype] == 0:
+            for pos in range(H * W):
+                T.evaluate(T.call_extern("void", f"tvm_ops_stream_x{lanes}_{dtype}",
+                                         T.address_of(GI[vn, pos // W, pos % W, vs * C + c0]),
+                                         T.Cast(f"{dtype}x{lanes}", ACC[pos // W, pos % W, T.Ramp(0, 1, lanes)])))
+            T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
+        else:
+            _tile_store(vn, vs, c0, lanes, lane_loop, ahead)
+    else:
+        _tile_store(vn, vs, c0, lanes, lane_loop, ahead)
+
+
+@T.macro(hygienic=False)
+def _tile_store(vn, vs, c0, lanes, lane_loop, ahead):
+    """The owner's tile into its grad_input columns, through the caches."""
     for pos in range(H * W):
         if ahead > 0 and pos + TILE_STORE_AHEAD < H * W:
             nxt = T.meta_var(pos + TILE_STORE_AHEAD)
@@ -236,6 +426,15 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
     V = lanes_per_owner
     G = CHANNEL_GROUP
     by_sample = corner_adds == "per_sample"
+    by_position = corner_adds == "per_position"
+    imports = task_queue.NEXT_TASK_IR
+    # the main kernel's owners store V-word rows: whole lines when V words are
+    stream = not tail and V % CACHE_LINE_WORDS[dtype] == 0
+    if stream:
+        imports += _stream_ir(V, dtype)
+    if by_position:
+        imports += "declare <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float>, <16 x i32>)\n"
+        imports += REDUCE_IR + "".join(f(lanes) for f in (_lookup_ir, _all_finite_ir) for lanes in sorted({V, G}))
     whole_border = parallel == "border"
 
     @T.prim_func(s_tir=True)
@@ -250,7 +449,7 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
         task_groups = T.meta_var(groups if whole_border else 1)  # owners per task
         next_task = T.alloc_buffer((1,), "int32")
         next_task[0] = 0
-        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.ANNOTATIONS):
+        for _worker in T.parallel(task_queue.WORKERS, annotations={"pragma_import_llvm": imports}):
             with T.sblock("worker"):
                 T.reads()
                 T.writes()
@@ -262,20 +461,22 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
                             # opaque: it only scopes the tile
                             T.reads()
                             T.writes()
-                            o: T.let = task[0] * task_groups + owner_in_task  # owner (n, s, g), g fastest
-                            vn: T.let = o // (4 * groups)
-                            vs: T.let = o // groups % 4
-                            vg: T.let = o % groups
+                            # owner (n, s, g), n fastest: owners taken one after the
+                            # other store into columns far apart (in a grad_input that does
+                            # not start on a cache line, neighbouring columns share lines)
+                            vn: T.let = task[0] % N
+                            vs: T.let = task[0] // N % 4
+                            vg: T.let = owner_in_task if whole_border else task[0] // (4 * N)
                             c0 = T.meta_var(C // V * V + vg * G if tail else vg * V)
                             # the private tile (486 KB at 25x38 for V = 128)
                             ACC = T.sblock_alloc_buffer((H, W, G if tail else V), "float32")
                             if tail:
                                 if vg < C % V // G:
-                                    _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, prefetch)
+                                    _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, by_position, prefetch, False)
                                 else:
-                                    _owner_walk(vn, vs, c0, C % G, T.serial, False, 0)
+                                    _owner_walk(vn, vs, c0, C % G, T.serial, False, False, 0, False)
                             else:
-                                _owner_walk(vn, vs, c0, V, T.vectorized, by_sample, prefetch)
+                                _owner_walk(vn, vs, c0, V, T.vectorized, by_sample, by_position, prefetch, stream)
                     task[0] = task_queue.next_task(next_task)
 
     return owner
@@ -353,6 +554,8 @@ class BorderAlignBackward(Operator):
         plan = {"channel_group": CHANNEL_GROUP, **knobs}
         if model.kind == "cuda":
             plan["owner_lanes"] = CHANNEL_GROUP  # the CUDA kernels split C at 16 (main | tail)
+        elif plan.get("corner_adds") == "per_position" and model.vector_bytes < 64:
+            plan["corner_adds"] = "per_sample"  # its lookup is AVX-512's 16-lane vpermps
         return plan
 
     def computes(self, dtype, plan, model):
