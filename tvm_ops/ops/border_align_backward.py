@@ -112,9 +112,8 @@ def _all_finite_ir(lanes: int) -> str:
 
 
 def _lookup(table, index, lanes):
-    """Per lane, table[index[lane]] (table: POSITION_TABLE floats, index: lanes int32)."""
-    return T.call_pure_extern(f"float32x{lanes}", f"tvm_ops_lookup16_x{lanes}",
-                              table[T.Ramp(0, 1, POSITION_TABLE)], index[T.Ramp(0, 1, lanes)])
+    """Per lane, table[index[lane]] (table: a float32x16 expression, index: lanes int32)."""
+    return T.call_pure_extern(f"float32x{lanes}", f"tvm_ops_lookup16_x{lanes}", table, index[T.Ramp(0, 1, lanes)])
 
 
 REDUCE_IR = "".join(
@@ -257,19 +256,20 @@ def _cell_adds(along_x, lanes):
     f_lo: T.let = _reduce("max", SPAN, 2)
     f_hi: T.let = T.min(f_lo + 1, (H if along_x else W) - 1)
     lanes_ = T.meta_var(T.Ramp(0, 1, lanes))
+    samples = T.meta_var(T.Ramp(0, 1, POSITION_TABLE))
+    one, zero = T.meta_var((T.Broadcast(T.float32(1), POSITION_TABLE), T.Broadcast(T.float32(0), POSITION_TABLE)))
     for cell in range(first, last + 1):
-        for j in T.vectorized(POSITION_TABLE):
-            # 1 - m_fr at the lo cell, m_fr at the hi one (both at the map edge, where m_fr
-            # is 0: the sum is exact)
-            w_cell = T.meta_var(T.Select(SPAN[0, j] == cell, T.float32(1) - m_fr[j], T.float32(0))
-                                + T.Select(SPAN[1, j] == cell, m_fr[j], T.float32(0)))
-            TL[j] = (T.float32(1) - f_fr[j]) * w_cell
-            TH[j] = f_fr[j] * w_cell
+        # the tables as vector expressions (staged in local arrays they cost a stack store
+        # per cell): per sample, 1 - m_fr at its lo cell, m_fr at its hi one (both at the
+        # map edge, where m_fr is 0: the sum is exact), times the fixed axis' weight
+        at = T.meta_var(T.Broadcast(cell, POSITION_TABLE))
+        w_cell = T.meta_var(T.Select(SPAN[0, samples] == at, one - m_fr[samples], zero)
+                            + T.Select(SPAN[1, samples] == at, m_fr[samples], zero))
         y0, x0 = T.meta_var((f_lo, cell) if along_x else (cell, f_lo))
-        ACC[y0, x0, lanes_] = ACC[y0, x0, lanes_] + GS[lanes_] * _lookup(TL, AS, lanes)
+        ACC[y0, x0, lanes_] = ACC[y0, x0, lanes_] + GS[lanes_] * _lookup((one - f_fr[samples]) * w_cell, AS, lanes)
         if f_hi != f_lo:  # at the map edge the hi row is the lo row, with weight 0
             y1, x1 = T.meta_var((f_hi, cell) if along_x else (cell, f_hi))
-            ACC[y1, x1, lanes_] = ACC[y1, x1, lanes_] + GS[lanes_] * _lookup(TH, AS, lanes)
+            ACC[y1, x1, lanes_] = ACC[y1, x1, lanes_] + GS[lanes_] * _lookup(f_fr[samples] * w_cell, AS, lanes)
 
 
 @T.macro(hygienic=False)
@@ -278,8 +278,6 @@ def _position_adds(vs, lanes):
     samples' corners are the cells of a range on that axis crossed with the two rows of the
     other (the same for every sample). Each of those map positions gets one add per row, each
     lane's weight looked up in the position's table (the weight of every sample there)."""
-    TL = T.alloc_buffer((POSITION_TABLE,), "float32")  # per sample: weight at (fixed lo row, cell)
-    TH = T.alloc_buffer((POSITION_TABLE,), "float32")  # ... at (fixed hi row, cell)
     # per valid sample: its lo cell, hi cell and fixed lo row (invalid: out of every range)
     SPAN = T.alloc_buffer((3, POSITION_TABLE), "int32")
     if vs % 2 == 0:
