@@ -52,8 +52,10 @@ import numpy as np
 from tvm.script import tirx as T
 
 from ..errors import BadParamError
+from ..host_buffers import LINE_BYTES
 from . import task_queue
 from .base import Operator, peer_tensor
+from .prefetch import prefetch_words
 
 SCATTER = "border_align_backward_scatter"
 TAIL = "border_align_backward_scatter_tail"
@@ -130,19 +132,20 @@ def _reduce(op, rows, row):
     return T.call_pure_extern("int32", f"tvm_ops_{op}16", rows[row, T.Ramp(0, 1, POSITION_TABLE)])
 
 
-# words of each dtype in a 64-byte cache line
-CACHE_LINE_WORDS = {"float32": 16, "float16": 32}
+def _line_words(dtype: str) -> int:
+    """Words of dtype in a cache line."""
+    return LINE_BYTES // np.dtype(dtype).itemsize
 
 
 def _stream_ir(lanes: int, dtype: str) -> str:
     """LLVM IR of tvm_ops_stream_x<lanes>_<dtype>(ptr, vector): a non-temporal store of whole
-    cache lines (the pointer must be 64-byte aligned); tvm_ops_line_aligned(ptr): 1 if the
+    cache lines (the pointer must be line-aligned); tvm_ops_line_aligned(ptr): 1 if the
     pointer is; tvm_ops_store_fence(): orders the streamed stores before the owner ends."""
     v = f"<{lanes} x {'float' if dtype == 'float32' else 'half'}>"
     return (f"define void @tvm_ops_stream_x{lanes}_{dtype}(ptr %p, {v} %v) alwaysinline {{\nentry:\n"
-            f"  store {v} %v, ptr %p, align 64, !nontemporal !0\n  ret void\n}}\n"
+            f"  store {v} %v, ptr %p, align {LINE_BYTES}, !nontemporal !0\n  ret void\n}}\n"
             "define i32 @tvm_ops_line_aligned(ptr %p) alwaysinline {\nentry:\n"
-            "  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, 63\n  %c = icmp eq i64 %m, 0\n"
+            f"  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, {LINE_BYTES - 1}\n  %c = icmp eq i64 %m, 0\n"
             "  %z = zext i1 %c to i32\n  ret i32 %z\n}\n"
             "declare void @llvm.x86.sse.sfence()\n"
             "define void @tvm_ops_store_fence() alwaysinline {\nentry:\n"
@@ -351,16 +354,6 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop, by_position):
             _sample_adds(b, lanes, lane_loop)
 
 
-@T.macro
-def _prefetch_channels(buf, i0, i1, i2, c0, lanes, write):
-    """Prefetch buf[i0, i1, i2, c0 : c0 + lanes] (channels last): one prefetch per 16 words and
-    one for the last word (a numpy row need not start on a line, so it can span one more)."""
-    for q in range((lanes + CHANNEL_GROUP - 1) // CHANNEL_GROUP):
-        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[i0, i1, i2, c0 + q * CHANNEL_GROUP]),
-                                 write, 3, 1))
-    T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[i0, i1, i2, c0 + lanes - 1]), write, 3, 1))
-
-
 @T.macro(hygienic=False)
 def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, stream):
     """One owner: zero its tile ACC, add boxes k = 0..K-1 in order, store the tile into its
@@ -374,8 +367,8 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, str
             ACC[yy, xx, ll] = T.float32(0)
     for k in range(K):
         if ahead > 0 and k + ahead < K:
-            _prefetch_channels(AM, vn, k + ahead, vs, c0, lanes, 0)
-            _prefetch_channels(GO, vn, k + ahead, vs, c0, lanes, 0)
+            prefetch_words(lambda w: AM[vn, k + ahead, vs, c0 + w], lanes, 0)
+            prefetch_words(lambda w: GO[vn, k + ahead, vs, c0 + w], lanes, 0)
         if by_position:
             if pool_size < POSITION_TABLE - 1:
                 _spread_by_sample(vn, k, vs, c0, lanes, lane_loop, True)
@@ -390,7 +383,7 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, str
         # does not evict the inputs), when the owner's columns are whole lines: grad_input
         # starts on a line, and so does every border's block of C (the owner's V words are
         # whole lines, or stream is off)
-        if _line_aligned(GI) and C % CACHE_LINE_WORDS[dtype] == 0:
+        if _line_aligned(GI) and C % _line_words(dtype) == 0:
             for pos in range(H * W):
                 T.evaluate(T.call_extern("void", f"tvm_ops_stream_x{lanes}_{dtype}",
                                          T.address_of(GI[vn, pos // W, pos % W, vs * C + c0]),
@@ -408,7 +401,7 @@ def _tile_store(vn, vs, c0, lanes, lane_loop, ahead):
     for pos in range(H * W):
         if ahead > 0 and pos + TILE_STORE_AHEAD < H * W:
             nxt = T.meta_var(pos + TILE_STORE_AHEAD)
-            _prefetch_channels(GI, vn, nxt // W, nxt % W, vs * C + c0, lanes, 1)
+            prefetch_words(lambda w: GI[vn, nxt // W, nxt % W, vs * C + c0 + w], lanes, 1)
         for ll in lane_loop(lanes):
             GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
 
@@ -425,14 +418,14 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
     G = CHANNEL_GROUP
     by_sample = corner_adds == "per_sample"
     by_position = corner_adds == "per_position"
-    imports = task_queue.NEXT_TASK_IR
+    llvm_ir = []  # the kernel's own LLVM IR functions
     # the main kernel's owners store V-word rows: whole lines when V words are
-    stream = not tail and V % CACHE_LINE_WORDS[dtype] == 0
+    stream = not tail and V % _line_words(dtype) == 0
     if stream:
-        imports += _stream_ir(V, dtype)
+        llvm_ir.append(_stream_ir(V, dtype))
     if by_position:
-        imports += "declare <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float>, <16 x i32>)\n"
-        imports += REDUCE_IR + "".join(f(lanes) for f in (_lookup_ir, _all_finite_ir) for lanes in sorted({V, G}))
+        llvm_ir.append("declare <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float>, <16 x i32>)\n")
+        llvm_ir += [REDUCE_IR] + [f(lanes) for f in (_lookup_ir, _all_finite_ir) for lanes in sorted({V, G})]
     whole_border = parallel == "border"
 
     @T.prim_func(s_tir=True)
@@ -447,7 +440,7 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
         task_groups = T.meta_var(groups if whole_border else 1)  # owners per task
         next_task = T.alloc_buffer((1,), "int32")
         next_task[0] = 0
-        for _worker in T.parallel(task_queue.WORKERS, annotations={"pragma_import_llvm": imports}):
+        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.worker_annotations(*llvm_ir)):
             with T.sblock("worker"):
                 T.reads()
                 T.writes()

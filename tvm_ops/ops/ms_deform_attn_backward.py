@@ -56,6 +56,7 @@ from tvm.script import tirx as T
 from ..errors import BadParamError
 from . import task_queue
 from .base import Operator, peer_tensor
+from .prefetch import prefetch_words
 
 # *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
 KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
@@ -71,7 +72,6 @@ entry:
   ret float %r
 }
 """
-WORKER_ANNOTATIONS = {"pragma_import_llvm": task_queue.NEXT_TASK_IR + FMA_IR}
 
 
 # rows ahead that the private kernel's slice copy and write-back prefetch
@@ -421,14 +421,6 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
 
 
     @T.macro
-    def prefetch_row(buf, start, n, write):
-        # words start .. start + n - 1 of a flat view: one prefetch per 16 words, and the last
-        # word's line (numpy rows need not start on a line, so n words can span one more)
-        for i in range((n + 15) // 16):
-            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[start + i * 16]), write, 3, 1))
-        T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(buf[start + n - 1]), write, 3, 1))
-
-    @T.macro
     def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat):
         # every sample of the (b, h) slice, level by level, then in (q, p) order: while on a
         # level only its rows are touched (BEVFormer's three smaller levels fit in L2). A
@@ -452,11 +444,11 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                         # prefetchers did not follow (the location loads were the kernel's
                         # hottest spot)
                         qa: T.let = (b * Q + q + 2 * ahead) * H + h
-                        prefetch_row(flat[0], (qa * L + l) * P * 2, P * 2, 0)
-                        prefetch_row(flat[3], (qa * L + l) * P * 2, P * 2, 1)
-                        prefetch_row(flat[1], (qa * L + l) * P, P, 0)
-                        prefetch_row(flat[4], (qa * L + l) * P, P, 1)
-                        prefetch_row(flat[2], qa * C, C, 0)
+                        prefetch_words(lambda w: flat[0][(qa * L + l) * P * 2 + w], P * 2, 0)
+                        prefetch_words(lambda w: flat[3][(qa * L + l) * P * 2 + w], P * 2, 1)
+                        prefetch_words(lambda w: flat[1][(qa * L + l) * P + w], P, 0)
+                        prefetch_words(lambda w: flat[4][(qa * L + l) * P + w], P, 1)
+                        prefetch_words(lambda w: flat[2][qa * C + w], C, 0)
                     for p in range(P):
                         one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q,
                                    L, P, C, ahead, far, q, l, p)
@@ -498,7 +490,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
         # slices are handed out one at a time (task_queue): a slower core takes fewer
         next_slice = T.alloc_buffer((1,), "int32")
         next_slice[0] = 0
-        for _worker in T.parallel(task_queue.WORKERS, annotations=WORKER_ANNOTATIONS):
+        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.worker_annotations(FMA_IR)):
             with T.sblock("worker"):
                 T.reads()
                 T.writes()
@@ -518,7 +510,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                                 # the slice's rows are H rows apart: prefetching them (here and in
                                 # the write-back) beat leaving the strided stream to the hardware
                                 if r + SLICE_ROWS_AHEAD < K:
-                                    prefetch_row(value_flat, ((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C, C, 0)
+                                    ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
+                                    prefetch_words(lambda w: value_flat[ahead_row + w], C, 0)
                                 for c0 in range(C // V):
                                     for j in T.vectorized(V):
                                         vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
@@ -530,7 +523,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                                     C, H, flat)
                             for r in range(K):
                                 if r + SLICE_ROWS_AHEAD < K:
-                                    prefetch_row(gv_flat, ((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C, C, 1)
+                                    ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
+                                    prefetch_words(lambda w: gv_flat[ahead_row + w], C, 1)
                                 for c0 in range(C // V):
                                     for j in T.vectorized(V):
                                         gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]

@@ -25,7 +25,10 @@ entry:
 }
 """
 
-ANNOTATIONS = {"pragma_import_llvm": NEXT_TASK_IR}
+
+def worker_annotations(*llvm_ir: str) -> dict:
+    """The worker loop's annotations: the counter's LLVM IR, and the kernel's own functions."""
+    return {"pragma_import_llvm": NEXT_TASK_IR + "".join(llvm_ir)}
 
 
 def next_task(counter):
