@@ -378,6 +378,17 @@ def test_torch_in_torch_out(dtype):
     check(out.numpy(), go, bx, am, 10, 5, 6, dtype)
 
 
+@pytest.mark.parametrize("c", [17, 31, 40])
+def test_channels_after_the_last_16_lane_group(c):
+    # the C % 16 rest (C >= 16) is a 16-lane owner over C's last 16 channels that stores
+    # only its last C % 16 lanes: every column must still be the reference's, including
+    # the ones its unstored lanes share with the previous owner
+    go, bx, am = inputs(1, 5, 6, c, 6, boxes="partly_outside", spill=1, seed=c)
+    out = np.full((1, 5, 6, 4 * c), np.nan, np.float32)
+    tvm_ops.border_align_backward(go, bx, am, 6, out=out)
+    check(out, go, bx, am, 6, 5, 6)
+
+
 @requires_torch
 def test_torch_small_channels_and_out_buffer():
     import torch

@@ -355,13 +355,15 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop, by_position):
 
 
 @T.macro(hygienic=False)
-def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, stream):
+def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, stream, owned_from=None):
     """One owner: zero its tile ACC, add boxes k = 0..K-1 in order, store the tile into its
     columns of grad_input (float16: the single rounding). ahead > 0: while on box k, prefetch
     the argmax and gradient rows of box k + ahead (an owner's rows are 4C words apart, one page
     per k at C = 256, which the hardware prefetchers do not follow), and while storing map
     position pos, its grad_input columns at pos + TILE_STORE_AHEAD (4C words apart too).
-    stream: the owner's columns are whole cache lines wherever grad_input starts on one."""
+    stream: the owner's columns are whole cache lines wherever grad_input starts on one.
+    owned_from: None, or the first lane whose column the owner stores (the lanes before it
+    are another owner's channels, added here only to keep the walk a full vector)."""
     for yy, xx in T.grid(H, W):
         for ll in lane_loop(lanes):
             ACC[yy, xx, ll] = T.float32(0)
@@ -390,28 +392,35 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, str
                                          T.Cast(f"{dtype}x{lanes}", ACC[pos // W, pos % W, T.Ramp(0, 1, lanes)])))
             T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
         else:
-            _tile_store(vn, vs, c0, lanes, lane_loop, ahead)
+            _tile_store(vn, vs, c0, lanes, lane_loop, ahead, None)
     else:
-        _tile_store(vn, vs, c0, lanes, lane_loop, ahead)
+        _tile_store(vn, vs, c0, lanes, lane_loop, ahead, owned_from)
 
 
 @T.macro(hygienic=False)
-def _tile_store(vn, vs, c0, lanes, lane_loop, ahead):
-    """The owner's tile into its grad_input columns, through the caches."""
+def _tile_store(vn, vs, c0, lanes, lane_loop, ahead, owned_from):
+    """The owner's tile into its grad_input columns (lanes owned_from.. only, unless None),
+    through the caches."""
     for pos in range(H * W):
         if ahead > 0 and pos + TILE_STORE_AHEAD < H * W:
             nxt = T.meta_var(pos + TILE_STORE_AHEAD)
             prefetch_words(lambda w: GI[vn, nxt // W, nxt % W, vs * C + c0 + w], lanes, 1)
-        for ll in lane_loop(lanes):
-            GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
+        if owned_from is None:
+            for ll in lane_loop(lanes):
+                GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
+        else:
+            for ll in range(owned_from, lanes):
+                GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
 
 
 def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int, parallel: str):
     """CPU: owner (n, s, channel group) accumulates into a private float32 tile, then stores
     it into grad_input[n, :, :, s*C + channels] in dtype.  Main kernel: groups of
     lanes_per_owner (V) vector lanes, channels [0, C // V * V).  Tail kernel: the C % V last
-    channels as 16-lane vector owners, then one owner for the C % 16 rest in scalar loops
-    (per-lane corner adds there: same bits, and a scalar lane gains nothing from per-sample).
+    channels as 16-lane vector owners, then the C % 16 rest: when C >= 16, a 16-lane owner of
+    C's last 16 channels that stores only the lanes no other owner has; when C < 16, one owner
+    in scalar loops (per-lane corner adds there: same bits, and a scalar lane gains nothing
+    from per-sample).
     The cores take tasks from a shared counter (task_queue): a task is one owner
     (parallel "group") or one (n, s) border walking its groups in turn ("border")."""
     V = lanes_per_owner
@@ -464,6 +473,13 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
                             if tail:
                                 if vg < C % V // G:
                                     _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, by_position, prefetch, False)
+                                elif C >= G:
+                                    # the last C % 16 channels: a full 16-lane owner over
+                                    # C's last 16 channels that stores only its last C % 16
+                                    # lanes (instead of a scalar owner: C = 40, tail kernel
+                                    # 0.66 -> 0.48 ms)
+                                    _owner_walk(vn, vs, C - G, G, T.vectorized, by_sample, by_position, prefetch,
+                                                False, G - C % G)
                                 else:
                                     _owner_walk(vn, vs, c0, C % G, T.serial, False, False, 0, False)
                             else:
