@@ -26,6 +26,7 @@ share the boundary lines between cores, which cost that op ~30%.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import threading
@@ -56,7 +57,7 @@ def empty(shape: tuple, dtype) -> np.ndarray:
     """An uninitialised C-contiguous array starting on a cache line, from a reused block when
     it is large."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES or limit_bytes() == 0:
         raw = np.empty(nbytes + LINE_BYTES, np.uint8)
         start = -raw.ctypes.data % LINE_BYTES

@@ -36,12 +36,16 @@ def _torch_dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+# numpy's dtype.name is computed anew on every access (a few microseconds per call)
+_DTYPE_NAMES = {np.dtype(name): name for name in ("float16", "float32", "float64", "int32", "int64")}
+
+
 def describe(name: str, value) -> TensorInfo:
     """Metadata of one tensor argument; BadParamError if it is no tensor at all."""
     if value is None:
         raise BadParamError(f"{name} is missing (got None)")
     if isinstance(value, np.ndarray):
-        return TensorInfo(name, value, tuple(value.shape), value.dtype.name,
+        return TensorInfo(name, value, tuple(value.shape), _DTYPE_NAMES.get(value.dtype) or value.dtype.name,
                           bool(value.flags.c_contiguous), "numpy", "cpu")
     if _is_torch(value):
         return TensorInfo(name, value, tuple(value.shape), _torch_dtype_name(value.dtype),

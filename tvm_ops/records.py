@@ -9,6 +9,7 @@ A call whose shape class has no correct record uses the hand-tuned default.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -32,8 +33,13 @@ def _bucket(value: int) -> int:
 
 def shape_class(sizes: dict, params: dict) -> str:
     """'B=2 C=128 ... reduce_type=max': sizes, then params, integers bucketed to a power of two."""
-    parts = [f"{name}={_bucket(int(size))}" for name, size in sizes.items()]
-    for name, value in sorted(params.items()):
+    return _shape_class(tuple(sizes.items()), tuple(sorted(params.items())))
+
+
+@functools.lru_cache(maxsize=256)  # asked on every call: one class per distinct problem
+def _shape_class(sizes: tuple, params: tuple) -> str:
+    parts = [f"{name}={_bucket(int(size))}" for name, size in sizes]
+    for name, value in params:
         if isinstance(value, str):
             parts.append(f"{name}={value}")
         elif isinstance(value, int) and not isinstance(value, bool):
