@@ -20,11 +20,15 @@ from . import targets
 
 def records_path() -> Path:
     """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
-    if os.environ.get("TVM_OPS_RECORDS"):
-        return Path(os.environ["TVM_OPS_RECORDS"])
     from .build import cache_dir
 
-    return cache_dir() / "tuning.jsonl"
+    # asked on every call: the Path is built once per value of the variables it depends on
+    return _records_path(os.environ.get("TVM_OPS_RECORDS"), cache_dir())
+
+
+@functools.lru_cache(maxsize=8)
+def _records_path(explicit: str | None, cache: Path) -> Path:
+    return Path(explicit) if explicit else cache / "tuning.jsonl"
 
 
 def _bucket(value: int) -> int:
