@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import tvm_ops
 from tvm_ops import build, metrics
-from tvm_ops.ops.border_align_backward import OP, box_layout, torch_gradient
+from tvm_ops.ops.border_align_backward import OP, box_layout, torch_autograd_gradient, torch_gradient
 
 from .conftest import requires_torch
 
@@ -408,3 +408,12 @@ def test_torch_peer_matches_the_reference():
     go, bx, am = inputs(2, 5, 7, 19, pool=4, boxes="partly_outside", spill=2, seed=5)
     peer = torch_gradient(torch.from_numpy(go), torch.from_numpy(bx), torch.from_numpy(am), 4, 5, 7).numpy()
     check(peer, go, bx, am, 4, 5, 7)
+
+
+@requires_torch
+def test_torch_autograd_peer_matches_the_reference():
+    import torch
+
+    go, bx, am = inputs(2, 5, 7, 19, pool=4, boxes="partly_outside", spill=2, seed=6)
+    peer = torch_autograd_gradient(torch.from_numpy(go), torch.from_numpy(bx), torch.from_numpy(am), 4, 5, 7)
+    check(peer.numpy(), go, bx, am, 4, 5, 7)

@@ -615,6 +615,13 @@ class BorderAlignBackward(Operator):
         pool, h, w = params["pool_size"], params["height"], params["width"]
         return lambda: torch_gradient(go, bx, am, pool, h, w)
 
+    def torch_peers(self, inputs, params):
+        # the issue names both formulations; the ratio uses index_put_, the faster one here
+        go, bx, am = (peer_tensor(inputs[t]) for t in ("grad_output", "boxes", "argmax_idx"))
+        pool, h, w = params["pool_size"], params["height"], params["width"]
+        return {"torch": self.torch_peer(inputs, params),
+                "autograd": lambda: torch_autograd_gradient(go, bx, am, pool, h, w)}
+
 
 def box_layout(kind: str, n: int, k: int, h: int, w: int, rng) -> np.ndarray:
     """Boxes [n, k, 4] (x0, y0, x1, y1) for the test cases."""
@@ -689,8 +696,9 @@ def reference(grad_output, boxes, argmax_idx, pool_size, height, width):
     return out.reshape(n, h, w, 4 * c)
 
 
-def torch_gradient(go, bx, am, pool_size, height, width):
-    """PyTorch eager: the same gradient with index_put_(accumulate=True), in the input dtype."""
+def _torch_corners(go, bx, am, pool_size, height, width):
+    """PyTorch eager: (ok, nn, cc, corners) of every (n, k, s, c): whether its sample counts,
+    its batch and grad_input column, and its 4 bilinear corners [(y, x, weight)]."""
     import torch
 
     am = am.long()
@@ -719,14 +727,37 @@ def torch_gradient(go, bx, am, pool_size, height, width):
     ly = torch.where(ytop, 0, y - yi)
     lx = torch.where(xtop, 0, x - xi)
     hy, hx = 1 - ly, 1 - lx
-    g = torch.where(ok, go, 0)
-    out = torch.zeros(n, h, w, 4 * c, dtype=go.dtype)
     nn = torch.arange(n)[:, None, None, None].expand_as(am)
     cc = (torch.arange(4)[:, None] * c + torch.arange(c)[None, :]).expand_as(am)
-    for yy, xx, ww in ((y_low, x_low, hy * hx), (y_low, x_high, hy * lx),
-                       (y_high, x_low, ly * hx), (y_high, x_high, ly * lx)):
+    corners = ((y_low, x_low, hy * hx), (y_low, x_high, hy * lx), (y_high, x_low, ly * hx), (y_high, x_high, ly * lx))
+    return ok, nn, cc, corners
+
+
+def torch_gradient(go, bx, am, pool_size, height, width):
+    """PyTorch eager: the same gradient with index_put_(accumulate=True), in the input dtype."""
+    import torch
+
+    ok, nn, cc, corners = _torch_corners(go, bx, am, pool_size, height, width)
+    n, _k, _, c = go.shape
+    g = torch.where(ok, go, 0)
+    out = torch.zeros(n, int(height), int(width), 4 * c, dtype=go.dtype)
+    for yy, xx, ww in corners:
         out.index_put_((nn, yy, xx, cc), g * ww, accumulate=True)
     return out
+
+
+def torch_autograd_gradient(go, bx, am, pool_size, height, width):
+    """PyTorch eager autograd: a forward that samples each (n, k, s, c) bilinearly at its
+    argmax position (BorderAlign's output at its max) from a feature map that requires grad,
+    then the gradient of that map for grad_output."""
+    import torch
+
+    ok, nn, cc, corners = _torch_corners(go, bx, am, pool_size, height, width)
+    n, _k, _, c = go.shape
+    feature = torch.zeros(n, int(height), int(width), 4 * c, dtype=go.dtype, requires_grad=True)
+    sampled = sum(feature[nn, yy, xx, cc] * ww for yy, xx, ww in corners)
+    (grad,) = torch.autograd.grad(torch.where(ok, sampled, 0), feature, grad_outputs=go)
+    return grad
 
 
 OP = BorderAlignBackward()
