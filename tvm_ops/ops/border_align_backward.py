@@ -413,20 +413,30 @@ def _tile_store(vn, vs, c0, lanes, lane_loop, ahead, owned_from):
                 GI[vn, pos // W, pos % W, vs * C + c0 + ll] = T.Cast(dtype, ACC[pos // W, pos % W, ll])
 
 
+def _only_if(enabled: bool, condition):
+    """condition, or the Python False when not enabled: TVMScript then drops the branch
+    unparsed (a branch for a kernel variant that has no such owners)."""
+    return condition if enabled else False
+
+
 def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int, parallel: str):
     """CPU: owner (n, s, channel group) accumulates into a private float32 tile, then stores
     it into grad_input[n, :, :, s*C + channels] in dtype.  Main kernel: groups of
     lanes_per_owner (V) vector lanes, channels [0, C // V * V).  Tail kernel: the C % V last
-    channels as 16-lane vector owners, then the C % 16 rest: when C >= 16, a 16-lane owner of
-    C's last 16 channels that stores only the lanes no other owner has; when C < 16, one owner
-    in scalar loops (per-lane corner adds there: same bits, and a scalar lane gains nothing
-    from per-sample).
+    channels as 32-lane vector owners (V > 32), then 16-lane ones, then the C % 16 rest:
+    when C >= 16, a 16-lane owner of C's last 16 channels that stores only the lanes no other
+    owner has; when C < 16, one owner in scalar loops (per-lane corner adds there: same bits,
+    and a scalar lane gains nothing from per-sample).
     The cores take tasks from a shared counter (task_queue): a task is one owner
     (parallel "group") or one (n, s) border walking its groups in turn ("border")."""
     V = lanes_per_owner
     G = CHANNEL_GROUP
     by_sample = corner_adds == "per_sample"
     by_position = corner_adds == "per_position"
+    # the tail's channels go to 32-lane owners while 32 are left (a box's geometry then
+    # serves 32 lanes, not 16), when V leaves tails that long
+    wide = 2 * G if tail and V > 2 * G else 0
+    tile_lanes = (wide or G) if tail else V  # the tail's 16-lane owners use half of each row
     llvm_ir = []  # the kernel's own LLVM IR functions
     # the main kernel's owners store V-word rows: whole lines when V words are
     stream = not tail and V % _line_words(dtype) == 0
@@ -434,7 +444,8 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
         llvm_ir.append(_stream_ir(V, dtype))
     if by_position:
         llvm_ir.append("declare <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float>, <16 x i32>)\n")
-        llvm_ir += [REDUCE_IR] + [f(lanes) for f in (_lookup_ir, _all_finite_ir) for lanes in sorted({V, G})]
+        widths = sorted({V, G} | ({wide} if wide else set()))
+        llvm_ir += [REDUCE_IR] + [f(lanes) for f in (_lookup_ir, _all_finite_ir) for lanes in widths]
     whole_border = parallel == "border"
 
     @T.prim_func(s_tir=True)
@@ -445,7 +456,9 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
         BX = T.match_buffer(bx_h, (N, K, 4), dtype)
         AM = T.match_buffer(am_h, (N, K, 4, C), "int32")
         GI = T.match_buffer(gi_h, (N, H, W, 4 * C), dtype)
-        groups = T.meta_var((C % V + G - 1) // G if tail else C // V)
+        # tail owners: `wide`-lane groups, then 16-lane groups, then the C % 16 rest
+        n_wide = T.meta_var(C % V // wide if wide > 0 else 0)
+        groups = T.meta_var(n_wide + (C % V - n_wide * wide + G - 1) // G if tail else C // V)
         task_groups = T.meta_var(groups if whole_border else 1)  # owners per task
         next_task = T.alloc_buffer((1,), "int32")
         next_task[0] = 0
@@ -467,17 +480,20 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
                             vn: T.let = task[0] % N
                             vs: T.let = task[0] // N % 4
                             vg: T.let = owner_in_task if whole_border else task[0] // (4 * N)
-                            c0 = T.meta_var(C // V * V + vg * G if tail else vg * V)
+                            c0 = T.meta_var(C // V * V + n_wide * wide + (vg - n_wide) * G if tail else vg * V)
                             # the private tile (486 KB at 25x38 for V = 128)
-                            ACC = T.sblock_alloc_buffer((H, W, G if tail else V), "float32")
+                            ACC = T.sblock_alloc_buffer((H, W, tile_lanes), "float32")
                             if tail:
-                                if vg < C % V // G:
+                                if _only_if(wide > 0, vg < n_wide):
+                                    _owner_walk(vn, vs, C // V * V + vg * wide, wide, T.vectorized, by_sample,
+                                                by_position, prefetch, False)
+                                elif vg < n_wide + (C % V - n_wide * wide) // G:
                                     _owner_walk(vn, vs, c0, G, T.vectorized, by_sample, by_position, prefetch, False)
                                 elif C >= G:
                                     # the last C % 16 channels: a full 16-lane owner over
                                     # C's last 16 channels that stores only its last C % 16
                                     # lanes (instead of a scalar owner: C = 40, tail kernel
-                                    # 0.66 -> 0.48 ms)
+                                    # 0.66 -> 0.48 ms; with a 32-lane owner before it, 0.36)
                                     _owner_walk(vn, vs, C - G, G, T.vectorized, by_sample, by_position, prefetch,
                                                 False, G - C % G)
                                 else:
