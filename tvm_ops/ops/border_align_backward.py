@@ -627,16 +627,20 @@ class BorderAlignBackward(Operator):
                                         params["pool_size"], params["height"], params["width"])}
 
     def torch_peer(self, inputs, params):
-        go, bx, am = (peer_tensor(inputs[t]) for t in ("grad_output", "boxes", "argmax_idx"))
-        pool, h, w = params["pool_size"], params["height"], params["width"]
-        return lambda: torch_gradient(go, bx, am, pool, h, w)
+        args = _peer_args(inputs, params)
+        return lambda: torch_gradient(*args)
 
     def torch_peers(self, inputs, params):
-        # the issue names both formulations; the ratio uses index_put_, the faster one here
-        go, bx, am = (peer_tensor(inputs[t]) for t in ("grad_output", "boxes", "argmax_idx"))
-        pool, h, w = params["pool_size"], params["height"], params["width"]
-        return {"torch": self.torch_peer(inputs, params),
-                "autograd": lambda: torch_autograd_gradient(go, bx, am, pool, h, w)}
+        # the issue names both formulations; the ratio uses index_put_, usually the faster on
+        # the issue's network case (small cases can go either way)
+        args = _peer_args(inputs, params)
+        return {"torch": self.torch_peer(inputs, params), "autograd": lambda: torch_autograd_gradient(*args)}
+
+
+def _peer_args(inputs, params):
+    """(grad_output, boxes, argmax_idx, pool_size, height, width) for the PyTorch peers."""
+    return (*(peer_tensor(inputs[t]) for t in ("grad_output", "boxes", "argmax_idx")),
+            params["pool_size"], params["height"], params["width"])
 
 
 def box_layout(kind: str, n: int, k: int, h: int, w: int, rng) -> np.ndarray:
