@@ -6,8 +6,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics
-from tvm_ops.ops.border_align_backward import OP, box_layout, torch_autograd_gradient, torch_gradient
+from tvm_ops import build, metrics, paths
+from tvm_ops.ops.border_align_backward import OP
+from tvm_ops.testing import border_align_backward as TESTING
+from tvm_ops.testing.border_align_backward import box_layout, torch_autograd_gradient, torch_gradient
 
 from .conftest import requires_torch
 
@@ -24,7 +26,7 @@ def inputs(n, h, w, c, pool=10, dtype="float32", boxes="inside", spill=0, seed=0
 
 
 def reference(go, bx, am, pool, h, w):
-    return OP.reference({"grad_output": go, "boxes": bx, "argmax_idx": am},
+    return TESTING.reference({"grad_output": go, "boxes": bx, "argmax_idx": am},
                         {"pool_size": pool, "height": h, "width": w})["grad_input"]
 
 
@@ -238,8 +240,7 @@ def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
     results = []
     for knobs in cpu_knob_variants():
         variant = build.Variant(OP, dtype, model, knobs, "test")
-        entry, _ = build.find_entry(variant)
-        kernels = build._load(entry or build.build_entry(variant, build.cache_dir()), OP.kernel_names)
+        kernels = build.load(build.find_entry(variant) or build.build_entry(variant, paths.cache_dir()), OP)
         lanes = knobs["owner_lanes"]
         for _ in range(2):
             out = np.full((n, h, w, 4 * c), np.nan, dtype)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tvm_ops
-from tvm_ops import build, runner, targets
-from tvm_ops.ops import OPERATORS, get
+from tvm_ops import build, dispatch, runner, targets
+from tvm_ops.ops import NAMES, get
 
 from .conftest import gpu_skip_reason
 
@@ -20,8 +20,12 @@ OP = get("three_interpolate_backward")
 
 # One call in a fresh process; prints how many libraries it had to compile.
 CHILD = """
-import numpy as np, tvm_ops
+import os, numpy as np, tvm_ops
 from tvm_ops import build
+if os.environ.get("FORBID_SCHEDULING"):  # a warm process must find its library by key alone
+    def forbidden(self):
+        raise AssertionError("scheduled a kernel to find a cached library")
+    build.Variant.scheduled_module = forbidden
 rng = np.random.default_rng(0)
 go = rng.uniform(-1, 1, (2, 5, 9)).astype(np.float32)
 idx = rng.integers(0, 4, (2, 9, 3)).astype(np.int32)
@@ -50,11 +54,12 @@ def entries(cache: Path):
 
 def test_cache_round_trip_in_fresh_processes(tmp_path):
     assert child(tmp_path) == 1  # first process builds
-    assert child(tmp_path) == 0  # the next one loads from disk
+    assert child(tmp_path, {"FORBID_SCHEDULING": "1"}) == 0  # the next one loads from disk, unscheduled
     (entry,) = entries(tmp_path)
     manifest = json.loads((entry / "manifest.json").read_text())
     assert manifest["op"] == "three_interpolate_backward" and manifest["dtype"] == "float32"
-    assert manifest["tvm_version"] and len(manifest["content_hash"]) == 16
+    assert manifest["tvm_version"] and len(manifest["key"]) == 16
+    assert manifest["plan"] == OP.plan(targets.resolve("llvm"), manifest["knobs"])
     assert manifest["origin"] == "hand-tuned" and manifest["knobs"]
     assert {"kernels.ll", "kernels.s"} <= {p.name for p in entry.iterdir()}
 
@@ -74,57 +79,80 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
     assert child(tmp_path) == 0
 
 
+def test_a_corrupt_library_in_the_users_build_dir_is_left_there(tmp_path):
+    model = targets.resolve("llvm")
+    entry = build.build_entry(dispatch.default_variant(OP, "float32", model), tmp_path / "out")
+    (entry / "lib.so").write_bytes(b"garbage")
+    assert child(tmp_path / "cache", {"TVM_OPS_BUILD_DIR": str(tmp_path / "out")}) == 1  # built into the cache
+    assert (entry / "lib.so").read_bytes() == b"garbage"
+    assert len(entries(tmp_path / "cache")) == 1
+
+
+def test_publishing_an_entry_another_process_published_keeps_the_first(tmp_path):
+    variant = dispatch.default_variant(OP, "float32", targets.resolve("llvm"))
+    first = build.build_entry(variant, tmp_path)
+    inode = (first / "lib.so").stat().st_ino
+    assert build.build_entry(variant, tmp_path) == first  # the second copy is dropped, no error
+    assert (first / "lib.so").stat().st_ino == inode
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".building-")]
+
+
 def test_build_dir_is_searched_before_the_cache(tmp_path):
     model = targets.resolve("llvm")
-    entry = build.build_entry(build.default_variant(OP, "float32", model), tmp_path / "out")
+    entry = build.build_entry(dispatch.default_variant(OP, "float32", model), tmp_path / "out")
     assert entry.parent == tmp_path / "out"
     assert child(tmp_path / "empty_cache", {"TVM_OPS_BUILD_DIR": str(tmp_path / "out")}) == 0
 
 
-def test_changing_a_knob_changes_the_content_hash():
+def test_a_knob_a_dtype_or_a_target_changes_the_key():
     model = targets.resolve("llvm")
-    base = build.default_variant(OP, "float32", model)
-    other = build.Variant(OP, "float32", model, dict(base.knobs, c_tile=32), "test")
-    hashes = [v.content_hash(v.scheduled_module()[0]) for v in (base, other)]
-    assert hashes[0] != hashes[1]
+    base = dispatch.default_variant(OP, "float32", model)
+    keys = {base.key, build.Variant(OP, "float32", model, dict(base.knobs, c_tile=32), "test").key,
+            build.Variant(OP, "float16", model, base.knobs, "test").key,
+            build.Variant(OP, "float32", targets.resolve("llvm:haswell"), base.knobs, "test").key}
+    assert len(keys) == 4
 
 
-def test_changing_only_inline_llvm_ir_changes_the_content_hash():
-    # pragma_import_llvm's text prints as module metadata: the hash must still see it
-    import tvm
-    from tvm.script import tirx as T
-
-    def module(ir):
-        @T.prim_func(s_tir=True)
-        def kernel(a: T.Buffer((4,), "int32")):
-            for i in T.serial(4, annotations={"pragma_import_llvm": ir}):
-                a[i] = T.call_extern("int32", "tvm_ops_test_one")
-        return tvm.IRModule({"kernel": kernel})
-
-    one = "define i32 @tvm_ops_test_one() {\nentry:\n  ret i32 %s\n}\n"
-    variant = build.default_variant(OP, "float32", targets.resolve("llvm"))
-    assert variant.content_hash(module(one % 1)) != variant.content_hash(module(one % 2))
+def test_the_key_covers_the_modules_the_kernels_are_made_from(monkeypatch):
+    op = get("border_align_backward")
+    package = type(op).__module__
+    modules = build._imported_modules([f"{package}.compute", f"{package}.schedule"])
+    assert {f"{package}.compute", f"{package}.schedule", "tvm_ops.ops.task_queue", "tvm_ops.ops.prefetch",
+            "tvm_ops.host_buffers"} <= modules
+    assert "tvm_ops.checks" not in modules  # the call path does not shape a kernel
+    variant = dispatch.default_variant(op, "float32", targets.resolve("llvm"))
+    before = variant.key
+    real = Path.read_bytes
+    # an edit of a module the compute imports indirectly (the task counter's LLVM IR)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + b"#" * (self.name == "task_queue.py"))
+    build.source_digest.cache_clear()
+    try:
+        assert build.Variant(op, "float32", variant.model, variant.knobs, "test").key != before
+    finally:
+        monkeypatch.undo()
+        build.source_digest.cache_clear()
+    assert build.Variant(op, "float32", variant.model, variant.knobs, "test").key == before
 
 
 def test_a_launch_only_knob_gets_its_own_library(tmp_path):
     """ms_deform's private_min_ratio changes which kernel launch calls, not the code: its
     libraries must still differ, or a load would find the other knob's manifest (and plan)."""
     op, model = get("ms_deform_attn_backward"), targets.resolve("llvm")
-    base = build.default_variant(op, "float32", model)
+    base = dispatch.default_variant(op, "float32", model)
     other = build.Variant(op, "float32", model, dict(base.knobs, private_min_ratio=2.0), "test")
-    assert base.scheduled_module()[0].script() == other.scheduled_module()[0].script()
+    assert base.scheduled_module().script() == other.scheduled_module().script()
     entries = [build.build_entry(v, tmp_path) for v in (base, other)]
     assert entries[0] != entries[1]
-    assert [build.load(e, op, model).plan["private_min_ratio"] for e in entries] == [1.0, 2.0]
+    assert [build.load(e, op).plan["private_min_ratio"] for e in entries] == [1.0, 2.0]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("name", sorted(OPERATORS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
     op = get(name)
     for dtype in op.spec.float_dtypes:
-        entry = build.build_entry(build.default_variant(op, dtype, targets.cuda(arch)), tmp_path)
+        entry = build.build_entry(dispatch.default_variant(op, dtype, targets.cuda(arch)), tmp_path)
         source = (entry / "kernels.cu").read_text()
         ptx = (entry / "kernels.ptx").read_text()
         assert "__global__" in source
@@ -136,7 +164,7 @@ def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
 def test_border_align_takes_per_sample_adds_without_avx512(tmp_path):
     # per_position's lookup is AVX-512's vpermps: an AVX2 CPU's plan falls back to per_sample
     border, haswell = get("border_align_backward"), targets.resolve("llvm:haswell")
-    variant = build.default_variant(border, "float32", haswell)
+    variant = dispatch.default_variant(border, "float32", haswell)
     assert variant.knobs["corner_adds"] == "per_position"
     assert border.plan(haswell, variant.knobs)["corner_adds"] == "per_sample"
     assert border.plan(targets.resolve("llvm:znver4"), variant.knobs)["corner_adds"] == "per_position"
@@ -148,7 +176,7 @@ def test_other_x86_cpu_targets_build_here_and_do_not_run_here(tmp_path):
     haswell = targets.resolve("llvm:haswell:4")
     assert (haswell.cpu, haswell.cores, haswell.lanes("float32"), haswell.key) == ("haswell", 4, 8, "llvm-haswell-4c")
     assert targets.resolve("llvm:skylake-avx512").lanes("float32") == 16
-    entry = build.build_entry(build.default_variant(OP, "float32", haswell), tmp_path)
+    entry = build.build_entry(dispatch.default_variant(OP, "float32", haswell), tmp_path)
     assert build.manifest(entry)["target"] == haswell.key
     asm = (entry / "kernels.s").read_text()
     assert "ymm" in asm and "zmm" not in asm  # AVX2, 8 float32 lanes: no AVX-512 registers
@@ -172,7 +200,7 @@ def test_cuda_target_without_gpu_is_an_arch_mismatch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(OPERATORS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cuda_spec_cases_on_a_gpu(name):
     reason = gpu_skip_reason()
     if reason:

@@ -48,23 +48,20 @@ def test_test_command_reports_metrics_and_verdicts():
 
 def test_test_command_exits_non_zero_on_failure(tmp_path):
     # a spec whose thresholds no float16 result can meet must make the command fail
-    import shutil
+    from tvm_ops import paths
 
-    from tvm_ops.spec import SPEC_DIR
-
-    specs = tmp_path / "specs"
-    shutil.copytree(SPEC_DIR, specs)  # every operator's spec: the registry loads them all
-    text = (SPEC_DIR / "three_interpolate_backward.yaml").read_text()
-    (specs / "three_interpolate_backward.yaml").write_text(
-        text.replace("float16: {diff1: 1.0e-3, diff2: 1.0e-3}", "float16: {diff1: 1.0e-12, diff2: 1.0e-12}"))
-    code = ("import sys, tvm_ops.spec as s, pathlib; s.SPEC_DIR = pathlib.Path(sys.argv[1]); "
+    text = paths.data_file("specs", "three_interpolate_backward").read_text()
+    strict = tmp_path / "three_interpolate_backward.yaml"
+    strict.write_text(text.replace("float16: {diff1: 1.0e-3, diff2: 1.0e-3}", "float16: {diff1: 1.0e-12, diff2: 1.0e-12}"))
+    code = ("import sys, pathlib, tvm_ops.paths as p; real = p.data_file; "
+            "p.data_file = lambda folder, op: pathlib.Path(sys.argv[1]) if (folder, op) == "
+            "('specs', 'three_interpolate_backward') else real(folder, op); "
             "from tvm_ops.__main__ import main; sys.exit(main(sys.argv[2:]))")
-    done = subprocess.run([sys.executable, "-c", code, str(specs), "test", "--op", "three_interpolate_backward",
+    done = subprocess.run([sys.executable, "-c", code, str(strict), "test", "--op", "three_interpolate_backward",
                            "--case", "bnd_7x63x129_m127"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "fail" in done.stdout and "# 2 failed" not in done.stdout and "# 1 failed" in done.stdout
-    shutil.rmtree(specs)
 
 
 def test_bench_prints_figures_and_writes_json(tmp_path):

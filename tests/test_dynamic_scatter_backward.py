@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 import tvm_ops
 from tvm_ops import metrics, spec, targets
 from tvm_ops.ops import get
+from tvm_ops.testing import material
 
 from .conftest import requires_torch
 
 OP = get("dynamic_scatter_backward")
+TESTING = material(OP)
 CPU = targets.resolve("llvm")
 NAMES = ("grad_voxel_feats", "feats", "voxel_feats", "point2voxel_map", "voxel_points_count")
 
@@ -25,7 +27,7 @@ NAMES = ("grad_voxel_feats", "feats", "voxel_feats", "point2voxel_map", "voxel_p
 def make(n, m, c, reduce_type="max", voxel_num=None, seed=0, **extra):
     case = spec.Case("t", "random", {"N": n, "M": m, "C": c}, ("float32",),
                      extra=dict(extra, reduce_type=reduce_type, voxel_num=voxel_num))
-    return OP.make_inputs(case, "float32", np.random.default_rng(seed))
+    return TESTING.make_inputs(case, "float32", np.random.default_rng(seed))
 
 
 def run(inputs, params, **kw):
@@ -34,7 +36,7 @@ def run(inputs, params, **kw):
 
 
 def assert_exact(inputs, params, result):
-    ref = OP.reference(inputs, params)["grad_feats"]
+    ref = TESTING.reference(inputs, params)["grad_feats"]
     assert result.shape == ref.shape and result.dtype == np.float32
     # bit-exact: every element equal to the float64 reference (diff3 == 0 in the spec)
     assert np.array_equal(result.astype(np.float64), ref)
@@ -135,7 +137,7 @@ def test_map_entries_outside_the_voxels_are_ignored():
 
 def test_workspace_is_the_min_index_per_voxel_and_channel():
     inputs, params = make(400, 70, 21, ties=True, dropped=10, voxel_num=60)
-    kernels = __import__("tvm_ops.build", fromlist=["kernels"]).kernels(OP, "float32", CPU)
+    kernels = __import__("tvm_ops.dispatch", fromlist=["kernels"]).kernels(OP, "float32", CPU)
     rf = np.empty((70, 21), np.int32)
     kernels["max_init"](rf, 400)
     kernels["max_traceback"](inputs["feats"], inputs["voxel_feats"], inputs["point2voxel_map"], rf, 60)
@@ -154,10 +156,11 @@ CHILD = """
 import hashlib, sys, numpy as np, tvm_ops
 from tvm_ops import spec
 from tvm_ops.ops.dynamic_scatter_backward import OP as op
+from tvm_ops.testing import dynamic_scatter_backward as testing
 for rt in ("max", "sum", "mean"):
     case = spec.Case("d", "random", {"N": 6000, "M": 900, "C": 67}, ("float32",),
                      extra={"reduce_type": rt, "ties": True, "dropped": 30, "voxel_num": 850})
-    data, params = op.make_inputs(case, "float32", np.random.default_rng(7))
+    data, params = testing.make_inputs(case, "float32", np.random.default_rng(7))
     out = op.call(data, params, "llvm", {})
     print(rt, hashlib.sha256(out.tobytes()).hexdigest())
 """
@@ -178,7 +181,7 @@ def test_deterministic_across_thread_counts():
 def run_case_d(reduce_type):
     case = spec.Case("d", "random", {"N": 6000, "M": 900, "C": 67}, ("float32",),
                      extra={"reduce_type": reduce_type, "ties": True, "dropped": 30, "voxel_num": 850})
-    data, params = OP.make_inputs(case, "float32", np.random.default_rng(7))
+    data, params = TESTING.make_inputs(case, "float32", np.random.default_rng(7))
     out = OP.call(data, params, "llvm", {})
     assert_exact(data, params, out)
     return out
@@ -353,6 +356,6 @@ def test_mixed_kinds_are_rejected():
 @pytest.mark.parametrize("reduce_type", ["max", "sum", "mean"])
 def test_torch_peer_matches_the_reference(reduce_type):
     inputs, params = make(700, 300, 33, reduce_type, voxel_num=280, ties=True, nan=0.02, dropped=20)
-    peer = OP.torch_peer(inputs, params)().numpy()
-    ref = OP.reference(inputs, params)["grad_feats"]
+    peer = TESTING.torch_peer(inputs, params)().numpy()
+    ref = TESTING.reference(inputs, params)["grad_feats"]
     assert np.array_equal(peer.astype(np.float64), ref)

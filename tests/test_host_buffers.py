@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tvm_ops import host_buffers, runner, targets
+from tvm_ops.testing import material
 
 from .conftest import requires_torch
 from .test_spec_cases import FIRST_OK
@@ -108,8 +109,8 @@ def test_outputs_on_reused_poisoned_blocks_are_right(cache, monkeypatch, op, cas
     monkeypatch.setattr(host_buffers, "_take", lambda n: taken.append(take(n)) or taken[-1])
     dtype = case.dtypes[0]
     model = targets.resolve("llvm")
-    inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
-    reference = op.reference(inputs, params)
+    inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    reference = material(op).reference(inputs, params)
     op.call(inputs, params, model, {})  # its outputs die at once: their blocks are cached
     gc.collect()
     for blocks in host_buffers._free.values():

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from tvm_ops import meta_schedule_baseline as mb
-from tvm_ops import targets, tune
+from tvm_ops import targets
+from tvm_ops.tuning import meta_schedule_baseline as mb
+from tvm_ops.tuning import tune
 from tvm_ops.ops import get
 
 OP = get("three_interpolate_backward")
@@ -55,13 +56,13 @@ def test_specialise_binds_shapes_and_scalars():
 
 def test_align_tensors_keeps_values_and_aligns():
     harness = tune.Harness(OP, next(c for c in OP.spec.cases if c.name == CASE), "float32", targets.host_cpu())
-    before = {k: np.array(v) for k, v in harness.tensors.items()}
+    before = {k: np.array(v) for k, v in harness.invocation.tensors.items()}
     mb.align_tensors(harness)
-    for name, value in harness.tensors.items():
+    for name, value in harness.invocation.tensors.items():
         assert value.ctypes.data % 64 == 0
         np.testing.assert_array_equal(value, before[name])
     for name, value in harness.results.items():
-        assert value is harness.tensors[name]  # the reference check reads what the kernels write
+        assert value is harness.invocation.tensors[name]  # the reference check reads what the kernels write
 
 
 def test_summary_and_why_nothing(tmp_path):

@@ -9,10 +9,12 @@ import tvm_ops
 from tvm_ops import build, metrics
 from tvm_ops.ops import get
 from tvm_ops.ops import ms_deform_attn_backward as module
+from tvm_ops.testing import material
 
 from .conftest import requires_torch
 
 OP = get("ms_deform_attn_backward")
+TESTING = material(OP)
 NAMES = ("grad_value", "grad_sampling_loc", "grad_attn_weight")
 
 
@@ -38,7 +40,7 @@ def make(b, levels, q, h, c, p, low=0.0, high=1.0, seed=0):
 
 
 def check_against_reference(args, outs):
-    ref = module.reference(*args)
+    ref = TESTING.gradients(*args)
     for name, value in zip(NAMES, outs):
         assert value.shape == ref[name].shape and value.dtype == np.float32, name
         acc = metrics.accuracy(np.asarray(value), ref[name], "float32")
@@ -343,9 +345,9 @@ def test_mixed_kinds_are_rejected():
 @requires_torch
 def test_torch_peer_matches_the_reference():
     case = OP.spec.case("bnd_odd_levels_c5")
-    data, params = OP.make_inputs(case, "float32", np.random.default_rng(1))
-    peer = [g.numpy() for g in OP.torch_peer(data, params)()]
-    ref = OP.reference(data, params)
+    data, params = TESTING.make_inputs(case, "float32", np.random.default_rng(1))
+    peer = [g.numpy() for g in TESTING.torch_peer(data, params)()]
+    ref = TESTING.reference(data, params)
     for name, value in zip(NAMES, peer):
         acc = metrics.accuracy(value, ref[name], "float32")
         assert acc.failures(OP.spec.accuracy["float32"]) == [], f"{name}: {acc}"

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from tvm_ops import checks, runner, targets
-from tvm_ops.ops import OPERATORS
+from tvm_ops.ops import all_operators
+from tvm_ops.testing import material
 
-CASES = [(op, case, dtype) for op in OPERATORS.values() for case in op.spec.cases if not case.heavy
+CASES = [(op, case, dtype) for op in all_operators() for case in op.spec.cases if not case.heavy
          for dtype in case.dtypes]
 
 
@@ -35,18 +36,18 @@ def misaligned_copy(array, dtype=None):
 # view can start anywhere. A kernel that relied on the declaration (aligned vector moves)
 # would fault or read garbage here.
 FIRST_OK = [(op, next(c for c in op.spec.cases if not c.heavy and c.expect == "ok" and c.set != "network"))
-            for op in OPERATORS.values()]
+            for op in all_operators()]
 
 
 @pytest.mark.parametrize("op, case", FIRST_OK, ids=[o.name for o, _ in FIRST_OK])
 def test_inputs_and_outputs_off_any_vector_alignment(op, case):
     dtype = case.dtypes[0]
-    inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
-    reference = op.reference(inputs, params)
+    inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    reference = material(op).reference(inputs, params)
     checked = checks.check(op.spec, inputs, params, {}, op.rules)
     outs = {}
     for t in op.spec.outputs:
-        out_dtype = np.dtype(op._dtype_of(t, checked))
+        out_dtype = np.dtype(op.output_dtype(t, checked))
         poison = np.nan if out_dtype.kind == "f" else -7  # what the kernels must overwrite
         outs[t.name] = misaligned_copy(np.full(reference[t.name].shape, poison, out_dtype))
     op.call({name: misaligned_copy(value) for name, value in inputs.items()}, params,

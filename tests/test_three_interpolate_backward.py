@@ -8,10 +8,12 @@ from hypothesis import strategies as st
 import tvm_ops
 from tvm_ops import build, metrics
 from tvm_ops.ops import get
+from tvm_ops.testing import material
 
 from .conftest import requires_torch
 
 OP = get("three_interpolate_backward")
+TESTING = material(OP)
 
 
 
@@ -25,7 +27,7 @@ def inputs(b, c, n, m, dtype="float32", low=None, high=None, seed=0):
 
 
 def check_against_reference(go, idx, w, m, result, dtype):
-    ref = OP.reference({"grad_output": go, "indices": idx, "weights": w}, {"m": m})["grad_features"]
+    ref = TESTING.reference({"grad_output": go, "indices": idx, "weights": w}, {"m": m})["grad_features"]
     acc = metrics.accuracy(result, ref, dtype)
     assert acc.failures(OP.spec.accuracy[dtype]) == []
 
@@ -214,8 +216,8 @@ def test_mixed_kinds_and_torch_dtypes_are_rejected():
 @requires_torch
 def test_torch_peer_matches_the_reference():
     case = OP.spec.case("bnd_out_of_range_idx")
-    data, params = OP.make_inputs(case, "float32", np.random.default_rng(1))
-    ref = OP.reference(data, params)["grad_features"]
-    for name, peer in OP.torch_peers(data, params).items():
+    data, params = TESTING.make_inputs(case, "float32", np.random.default_rng(1))
+    ref = TESTING.reference(data, params)["grad_features"]
+    for name, peer in TESTING.peers(data, params).items():
         result = peer().numpy()
         assert metrics.accuracy(result, ref, "float32").failures(OP.spec.accuracy["float32"]) == [], name

@@ -5,11 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from tvm_ops import build, records, targets, tune
+from tvm_ops import build, dispatch, records, targets
+from tvm_ops.testing import material
+from tvm_ops.tuning import tune
 from tvm_ops.errors import BadParamError
 from tvm_ops.ops import get
 
 OP = get("three_interpolate_backward")
+TESTING = material(OP)
 CASE = "net_16x16x64_m512"  # small: builds and measurements take well under a second
 SHAPE_CLASS = "B=16 C=16 N=64 M=512"
 pytestmark = pytest.mark.xdist_group("tune")
@@ -45,7 +48,7 @@ def test_tune_records_resumes_and_dispatches(tmp_path, model, monkeypatch):
     monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
     defaults = OP.schedules["llvm"].defaults
     # before any record: the hand-tuned default
-    assert build.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
+    assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
 
     first = tune.tune(OP, "float32", model, CASE, trials=4, records_path=path, repeat=3, workers=1)
     rows = rows_of(path)
@@ -68,31 +71,31 @@ def test_tune_records_resumes_and_dispatches(tmp_path, model, monkeypatch):
     assert more.new == 1 and len(rows_of(path)) == 5
 
     best = min(rows_of(path), key=lambda r: r["median_s"])
-    chosen = build.default_variant(OP, "float32", model, SHAPE_CLASS)
+    chosen = dispatch.default_variant(OP, "float32", model, SHAPE_CLASS)
     assert chosen.origin == f"tuned:{CASE}" and chosen.knobs == best["knobs"]
     # a shape of another class (and a build for no shape) keeps the hand-tuned default
     other = records.shape_class({"B": 2, "C": 5, "N": 9, "M": 4}, {})
-    assert build.default_variant(OP, "float32", model, other).origin == "hand-tuned"
-    assert build.default_variant(OP, "float32", model).origin == "hand-tuned"
-    assert [v.origin for v in build.variants(OP, "float32", model)][0] == "hand-tuned"
+    assert dispatch.default_variant(OP, "float32", model, other).origin == "hand-tuned"
+    assert dispatch.default_variant(OP, "float32", model).origin == "hand-tuned"
+    assert [v.origin for v in dispatch.variants(OP, "float32", model)][0] == "hand-tuned"
 
     # calls dispatch by their shape class and stay correct: a call of the tuned class
     # loads the tuned library, one of another class the hand-tuned one
     loaded = []
-    real_kernels = build.kernels
-    monkeypatch.setattr(build, "kernels", lambda op, dtype, m, cls=None: loaded.append(cls) or real_kernels(
+    real_kernels = dispatch.kernels
+    monkeypatch.setattr(dispatch, "kernels", lambda op, dtype, m, cls=None: loaded.append(cls) or real_kernels(
         op, dtype, m, cls))
     for b, c, n, m in ((16, 16, 64, 512), (15, 17, 60, 480), (2, 5, 9, 4)):
         inputs, params = call_inputs(b, c, n, m)
         out = OP.call(inputs, params, model, {})
-        np.testing.assert_allclose(out, OP.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, TESTING.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
     assert loaded[:2] == [SHAPE_CLASS, SHAPE_CLASS] and loaded[2] == other
-    assert [build.default_variant(OP, "float32", model, cls).origin for cls in loaded] == \
+    assert [dispatch.default_variant(OP, "float32", model, cls).origin for cls in loaded] == \
         [f"tuned:{CASE}", f"tuned:{CASE}", "hand-tuned"]
 
     monkeypatch.delenv("TVM_OPS_RECORDS")
     # other file: no records
-    assert build.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
+    assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
 
 
 def test_tune_a_custom_shape(tmp_path, model):
@@ -111,18 +114,22 @@ def sabotage(monkeypatch, knob: str, value, mutate) -> None:
     """Libraries built with knobs[knob] == value get their kernels' bodies from `mutate(func)`.
 
     The tune calls below use workers=1, so builds happen in this process and see the patch;
-    the mutated module hashes differently, so it never shares a cache entry with a good one."""
+    the mutated libraries get keys of their own, so they never share a cache entry with a good one."""
     import tvm
 
-    real = build.Variant.scheduled_module
+    real, real_key = build.Variant.scheduled_module, build.Variant.key.func
 
     def scheduled_module(self):
-        module, plan = real(self)
+        module = real(self)
         if self.knobs.get(knob) != value:
-            return module, plan
-        return tvm.IRModule({gv.name_hint: f.with_body(mutate(f)) for gv, f in module.functions.items()}), plan
+            return module
+        return tvm.IRModule({gv.name_hint: f.with_body(mutate(f)) for gv, f in module.functions.items()})
+
+    def key(self):
+        return real_key(self) + ("-sabotaged" if self.knobs.get(knob) == value else "")
 
     monkeypatch.setattr(build.Variant, "scheduled_module", scheduled_module)
+    monkeypatch.setattr(build.Variant, "key", property(key))
 
 
 def does_nothing(func):
@@ -310,7 +317,7 @@ def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
     def traced(op, case_name=None, **extra):
         case = next(c for c in op.spec.cases if c.expect == "ok" and (case_name is None or c.name == case_name))
         case = case if not extra else __import__("dataclasses").replace(case, extra=dict(case.extra, **extra))
-        inputs, params = op.make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
+        inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
         problem = checks.check(op.spec, inputs, params, {}, op.rules)
         return tune.trace_launch(op, problem, op.plan(targets.resolve("llvm"), op.schedules["llvm"].defaults)), \
             problem
@@ -345,7 +352,7 @@ def test_every_launch_replays_over_rpc(name, kind):
     model = targets.resolve("llvm") if kind == "llvm" else targets.cuda("sm_80")
     case = next(c for c in op.spec.cases if c.set == "network" and c.expect == "ok")
     for dtype in op.spec.float_dtypes:
-        inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+        inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
         problem = checks.check(op.spec, inputs, params, {}, op.rules)
         if kind == "cuda":
             problem = dataclasses.replace(problem, kind="torch", device="cuda")

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics, runner, targets
+from tvm_ops import build, dispatch, metrics, runner, targets
 from tvm_ops.ops.voxel_pooling_forward import OP, point_splits
+from tvm_ops.testing import voxel_pooling_forward as TESTING
 
 from .conftest import requires_torch
 
@@ -34,7 +35,7 @@ def use_knobs(monkeypatch, knobs: dict) -> None:
     patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, **knobs))
     monkeypatch.setattr(OP, "schedules", dict(OP.schedules, llvm=patched))
     monkeypatch.setenv("TVM_OPS_RECORDS", os.devnull)
-    chosen = build.default_variant(OP, "float32", targets.resolve("llvm")).knobs
+    chosen = dispatch.default_variant(OP, "float32", targets.resolve("llvm")).knobs
     assert {k: chosen[k] for k in knobs} == knobs
 
 
@@ -133,7 +134,7 @@ def inputs(b, n, c, x, y, z, spill=0, z_spill=0, seed=0):
 
 
 def reference(geom, feat, x, y, z):
-    ref = OP.reference({"geom_xyz": geom, "input_features": feat},
+    ref = TESTING.reference({"geom_xyz": geom, "input_features": feat},
                        {"num_voxel_x": x, "num_voxel_y": y, "num_voxel_z": z})
     return ref["output_features"], ref["pos_memo"]
 
@@ -433,9 +434,9 @@ def test_mixed_kinds_are_rejected():
 @requires_torch
 def test_torch_peer_matches_the_reference():
     case = OP.spec.case("bnd_3x999x19_7x5x3")
-    data, params = OP.make_inputs(case, "float32", np.random.default_rng(1))
-    out, memo = OP.torch_peer(data, params)()
-    ref = OP.reference(data, params)
+    data, params = TESTING.make_inputs(case, "float32", np.random.default_rng(1))
+    out, memo = TESTING.torch_peer(data, params)()
+    ref = TESTING.reference(data, params)
     np.testing.assert_array_equal(memo.numpy(), ref["pos_memo"])
     assert metrics.accuracy(out.numpy(), ref["output_features"], "float32").failures(
         OP.spec.accuracy["float32"]) == []

@@ -14,9 +14,9 @@ TARGET_HELP = ("llvm (the host CPU, default), llvm:MCPU[:CORES] (another x86-64 
 
 
 def _ops(name: str):
-    from .ops import OPERATORS, get
+    from .ops import all_operators, get
 
-    return list(OPERATORS.values()) if name == "all" else [get(name)]
+    return all_operators() if name == "all" else [get(name)]
 
 
 def _dtypes(op, wanted: str) -> list[str]:
@@ -31,17 +31,16 @@ def _size(text: str) -> tuple[str, int]:
 
 
 def cmd_build(args) -> int:
-    from . import build, targets
+    from . import build, dispatch, paths, targets
 
     model = targets.resolve(args.target)
-    out = Path(args.out) if args.out else build.cache_dir()
+    out = Path(args.out) if args.out else paths.cache_dir()
     for op in _ops(args.op):
         for dtype in _dtypes(op, args.dtype):
-            for variant in build.variants(op, dtype, model):  # hand-tuned, then each tuned shape class
+            for variant in dispatch.variants(op, dtype, model):  # hand-tuned, then each tuned shape class
                 start = time.perf_counter()
                 entry = build.build_entry(variant, out)
-                manifest = build.manifest(entry)
-                print(f"{op.name:28s} {dtype:8s} {model.key:18s} {manifest['content_hash']}  "
+                print(f"{op.name:28s} {dtype:8s} {model.key:18s} {variant.key}  "
                       f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} {entry}")
     if args.out:
         print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")
@@ -94,8 +93,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from . import records, targets, tune
+    from . import records, targets
     from .ops import get
+    from .tuning import tune
 
     op = get(args.op)
     from .errors import BadParamError
@@ -133,8 +133,8 @@ def cmd_tune(args) -> int:
 
 def _meta_schedule(args, op, model) -> int:
     """`tune --meta-schedule`: TVM's auto-scheduler with the same trial budget, against hand-tuned."""
-    from . import meta_schedule_baseline, tune
     from .errors import BadParamError
+    from .tuning import meta_schedule_baseline, tune
 
     if args.rpc_tracker or args.rpc_key:
         raise BadParamError("--meta-schedule measures on this machine; it does not take --rpc-tracker")
@@ -146,22 +146,22 @@ def _meta_schedule(args, op, model) -> int:
 
 
 def cmd_list(args) -> int:
-    from . import build, records, targets
-    from .ops import OPERATORS
+    from . import dispatch, paths, records, targets
+    from .ops import all_operators
 
     host = targets.resolve("llvm")
-    print(f"# tuning records: {records.records_path()}")
-    for op in OPERATORS.values():
+    print(f"# tuning records: {paths.records_path()}")
+    for op in all_operators():
         print(f"{op.name}: dtypes {', '.join(op.spec.float_dtypes)}; targets llvm, cuda")
         for kind, sched in op.schedules.items():
             print(f"  schedule {kind}: reduction {sched.reduction}, hand-tuned knobs "
                   + ", ".join(f"{k}={v}" for k, v in sched.defaults.items()))
         for dtype in op.spec.float_dtypes:  # what a call on this host would use
-            variant = build.default_variant(op, dtype, host)
+            variant = dispatch.default_variant(op, dtype, host)
             print(f"  uses {host.key} {dtype}: {variant.origin} "
                   + ", ".join(f"{k}={v}" for k, v in variant.knobs.items()))
             for shape_class in records.tuned_classes(op, dtype, host):
-                variant = build.default_variant(op, dtype, host, shape_class)
+                variant = dispatch.default_variant(op, dtype, host, shape_class)
                 print(f"    shape class {shape_class}: {variant.origin} "
                       + ", ".join(f"{k}={v}" for k, v in variant.knobs.items()))
         for case in op.spec.cases:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import build, checks, records, runner
+from . import checks, dispatch, records, runner
 from .targets import TargetModel
+from .testing import material
 
 STREAM_ELEMENTS = 32 * 1024 * 1024  # 128 MiB per buffer: far beyond the caches
 
@@ -101,7 +102,7 @@ def peak_flops(model: TargetModel) -> float | None:
 
 
 def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repeat: int, peer: bool) -> BenchLine:
-    inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
     on_target = runner.to_target(model, inputs)
     sync = None
     if model.kind == "cuda":
@@ -119,7 +120,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     main_peer = next(iter(peers), None)
     peer_ms = peers.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
-    origin = build.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
+    origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bandwidth, (ops / seconds / peak) if ops and peak else None,
@@ -134,7 +135,7 @@ def time_peers(op, inputs: dict, params: dict, model: TargetModel, repeat: int, 
         return {}
     peers = {}
     with torch.device("cuda" if model.kind == "cuda" else "cpu"):
-        for name, run_peer in op.torch_peers(inputs, params).items():
+        for name, run_peer in material(op).peers(inputs, params).items():
             run_peer()
             peers[name] = median_seconds(run_peer, max(3, repeat // 2), sync) * 1e3
     return peers

@@ -1,17 +1,21 @@
-"""Build, cache and load kernel libraries.
+"""Compile, cache and load kernel libraries.
 
-One library per (operator, dtype, target) holds all of the operator's kernels,
-with symbolic shapes, so one build serves every shape. A library lives in a
-directory named by a content hash of the scheduled TensorIR, the target, the
-knobs and the TVM version: change any of them and the name changes, so a stale
-library is never loaded. Each directory holds lib.so, the generated source (LLVM IR and
-assembly, or CUDA C and PTX), and manifest.json with the library's sha256,
-which is verified before loading, so a truncated or corrupt file is rebuilt
-rather than handed to dlopen.
+One library per (operator, dtype, target, knobs) holds all of the operator's kernels,
+with symbolic shapes, so one build serves every shape. A library lives in a directory
+named by its key: a hash of the source of the modules that shape its kernels (the
+operator's compute and schedule modules and the tvm_ops modules they import), its plan,
+knobs, target and TVM version. Any change to one of them gives a new name, so a stale
+library is never loaded, and the key is found without building or scheduling anything.
+
+Each directory holds lib.so, the generated source (LLVM IR and assembly, or CUDA C and
+PTX) and manifest.json: the plan the kernels were built with (launch reads it) and the
+library's sha256, verified before loading, so a truncated or corrupt file is rebuilt
+rather than handed to dlopen. Which library a call uses is dispatch.py's business.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -20,38 +24,15 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import records, targets
+from . import paths, targets
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 3  # 2: knobs in the content hash; 3: CUDA without fast math
-_lock = threading.Lock()
-_loaded: dict = {}
+FORMAT_VERSION = 4  # 2: knobs in the key; 3: CUDA without fast math; 4: key from sources, not scheduled IR
+PACKAGE_DIR = Path(__file__).resolve().parent
 build_count = 0  # libraries compiled by this process (tests count rebuilds)
-
-
-def cache_dir() -> Path:
-    """Where built libraries go: $TVM_OPS_CACHE_DIR, else ~/.cache/tvm_ops."""
-    # asked on every call (the tuning records live here): worked out once per value of the
-    # variables it depends on
-    return _cache_dir(os.environ.get("TVM_OPS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"),
-                      os.environ.get("HOME"))
-
-
-@functools.lru_cache(maxsize=8)
-def _cache_dir(explicit: str | None, xdg_cache_home: str | None, _home: str | None) -> Path:
-    if explicit:
-        return Path(explicit)
-    return Path(xdg_cache_home or Path.home() / ".cache") / "tvm_ops"
-
-
-def search_dirs() -> list[Path]:
-    """Build directories to load from, in order: $TVM_OPS_BUILD_DIR (from `build --out`), the cache."""
-    dirs = [Path(os.environ["TVM_OPS_BUILD_DIR"])] if os.environ.get("TVM_OPS_BUILD_DIR") else []
-    return dirs + [cache_dir()]
 
 
 @dataclass(frozen=True)
@@ -64,53 +45,85 @@ class Variant:
     knobs: dict
     origin: str  # "hand-tuned" (schedules/<op>.yaml defaults) or a tuning record
 
+    @functools.cached_property
+    def plan(self) -> dict:
+        """The op's plan for these knobs on this target: computed once per variant."""
+        return self.op.plan(self.model, self.knobs)
+
     def scheduled_module(self):
         import tvm
 
-        plan = self.op.plan(self.model, self.knobs)
         funcs = {}
-        for name, func in self.op.computes(self.dtype, plan, self.model).items():
+        for name, func in self.op.computes(self.dtype, self.plan, self.model).items():
             sch = tvm.s_tir.Schedule(func)
-            self.op.schedule(sch, name, self.model, plan)
+            self.op.schedule(sch, name, self.model, self.plan)
             funcs[name] = sch.mod["main"].with_attr("global_symbol", name)
-        return tvm.IRModule(funcs), plan
+        return tvm.IRModule(funcs)
 
-    def content_hash(self, module) -> str:
+    @functools.cached_property
+    def key(self) -> str:
         import tvm
 
         digest = hashlib.sha256()
         # the knobs too: a knob that only changes what launch does (which kernels it calls)
-        # leaves the code alike, but the manifest's knobs must be the library's own; show_meta:
-        # strings such as the inline LLVM IR of pragma_import_llvm print as metadata
-        for part in (module.script(show_meta=True), json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
-                     json.dumps(self.knobs, sort_keys=True, default=str), tvm.__version__, str(FORMAT_VERSION)):
+        # leaves the code alike, but the manifest's knobs must be the library's own
+        for part in (source_digest(self.op), json.dumps(self.plan, sort_keys=True, default=str),
+                     json.dumps(self.knobs, sort_keys=True, default=str), self.dtype,
+                     json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
+                     tvm.__version__, str(FORMAT_VERSION)):
             digest.update(part.encode())
+            digest.update(b"\0")
         return digest.hexdigest()[:16]
 
-    def entry_name(self, digest: str) -> str:
-        return f"{self.op.name}-{self.dtype}-{self.model.key}-{digest}"
+    @property
+    def entry_name(self) -> str:
+        return f"{self.op.name}-{self.dtype}-{self.model.key}-{self.key}"
 
 
-def default_variant(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None) -> Variant:
-    """The best tuning record of `shape_class` (origin "tuned:<case>"), else the hand-tuned defaults.
+@functools.lru_cache(maxsize=None)
+def source_digest(op) -> str:
+    """sha256 of the source of op's compute and schedule modules and of every tvm_ops
+    module they import, directly or not (found by reading their import statements)."""
+    package = type(op).__module__  # tvm_ops.ops.<op>
+    modules = _imported_modules([f"{package}.compute", f"{package}.schedule"])
+    digest = hashlib.sha256()
+    for name in sorted(modules):
+        digest.update(name.encode() + b"\0" + _module_file(name).read_bytes() + b"\0")
+    return digest.hexdigest()
 
-    Without a shape class (a build for no particular shape) only the hand-tuned defaults apply.
-    """
-    record = records.best(op, dtype, model, shape_class) if shape_class is not None else None
-    if record is not None:
-        return Variant(op, dtype, model, dict(record["knobs"]), f"tuned:{record.get('case')}")
-    knobs = dict(op.schedules[model.kind].defaults)
-    return Variant(op, dtype, model, knobs, "hand-tuned")
+
+def _module_file(name: str) -> Path | None:
+    """The source file of tvm_ops module `name`, or None if it names no module."""
+    base = PACKAGE_DIR.parent.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
-def variants(op, dtype: str, model: targets.TargetModel) -> list[Variant]:
-    """What `build` compiles for (op, dtype, target): the hand-tuned default and every tuned class's best."""
-    found = [default_variant(op, dtype, model)]
-    for shape_class in records.tuned_classes(op, dtype, model):
-        variant = default_variant(op, dtype, model, shape_class)
-        if all(v.knobs != variant.knobs for v in found):
-            found.append(variant)
-    return found
+def _imported_modules(roots: list[str]) -> set[str]:
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen or name.split(".")[0] != "tvm_ops":
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        seen.add(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")
+                    parent = parent[:len(parent) - node.level + 1]
+                    base = ".".join(parent + ([node.module] if node.module else []))
+                todo.append(base)
+                todo += [f"{base}.{a.name}" for a in node.names]  # `from pkg import module`
+    return seen
 
 
 # TVM compiles CUDA with --use_fast_math: approximate division and denormals flushed to
@@ -143,23 +156,22 @@ def _sha256(path: Path) -> str:
 
 
 def _valid_entry(entry: Path) -> bool:
-    manifest = entry / "manifest.json"
     try:
-        recorded = json.loads(manifest.read_text())["library_sha256"]
+        recorded = manifest(entry)["library_sha256"]
         return _sha256(entry / "lib.so") == recorded
     except (OSError, ValueError, KeyError):
         return False
 
 
 def build_entry(variant: Variant, out_dir: Path) -> Path:
-    """Compile `variant` into out_dir/<entry>/ (written to a temp dir, then renamed into place)."""
+    """Compile `variant` into out_dir/<entry>/: written to a temp dir, then renamed into
+    place; when another process published the same entry first, its copy is kept."""
     global build_count
     import tvm
 
-    module, plan = variant.scheduled_module()
-    digest = variant.content_hash(module)
-    entry = out_dir / variant.entry_name(digest)
+    entry = out_dir / variant.entry_name
     target = variant.model.tvm_target()
+    module = variant.scheduled_module()
     with tvm.transform.PassContext(opt_level=3), precise_cuda_math():
         lib = tvm.tirx.build(module, target=target)
         build_count += 1
@@ -167,16 +179,22 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out_dir))
         sources = _write_sources(lib, variant.model, staging)
     lib.export_library(str(staging / "lib.so"))
-    manifest = {
+    info = {
         "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
-        "target_spec": str(target), "tvm_version": tvm.__version__, "content_hash": digest,
-        "knobs": variant.knobs, "plan": plan, "origin": variant.origin,
+        "target_spec": str(target), "tvm_version": tvm.__version__, "key": variant.key,
+        "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin,
         "kernels": list(variant.op.kernel_names), "sources": sources,
         "library_sha256": _sha256(staging / "lib.so"),
     }
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
-    shutil.rmtree(entry, ignore_errors=True)
-    os.replace(staging, entry)
+    (staging / "manifest.json").write_text(json.dumps(info, indent=2, default=str))
+    if entry.exists() and not _valid_entry(entry):
+        shutil.rmtree(entry, ignore_errors=True)  # a corrupt copy of ours
+    try:
+        os.replace(staging, entry)
+    except OSError:
+        if not _valid_entry(entry):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # another process published it first
     return entry
 
 
@@ -199,31 +217,22 @@ def compile_ptx(cuda_source: str, model: targets.TargetModel) -> bytes:
         return nvcc.compile_cuda(cuda_source, target_format="ptx", arch=model.arch, compiler="nvcc")
 
 
-def find_entry(variant: Variant) -> tuple[Path | None, str]:
-    """(an existing valid entry or None, the content hash)."""
-    module, _ = variant.scheduled_module()
-    digest = variant.content_hash(module)
-    for folder in search_dirs():
-        entry = folder / variant.entry_name(digest)
+def find_entry(variant: Variant) -> Path | None:
+    """An existing valid library of `variant` in the search directories, else None.
+
+    A corrupt one is deleted from the cache (it is rebuilt there) and left alone in a
+    directory of the user's ($TVM_OPS_BUILD_DIR)."""
+    cache = paths.cache_dir()
+    for folder in paths.search_dirs():
+        entry = folder / variant.entry_name
         if entry.exists():
             if _valid_entry(entry):
-                return entry, digest
-            log.warning("cached library %s is corrupt; rebuilding it", entry)
-            shutil.rmtree(entry, ignore_errors=True)
-    return None, digest
-
-
-def kernels(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None) -> dict:
-    """{kernel name: callable} for (op, dtype, target) and the call's shape class, built on first use."""
-    variant = default_variant(op, dtype, model, shape_class)
-    key = (op.name, dtype, model.key, tuple(sorted(variant.knobs.items())))
-    with _lock:
-        if key not in _loaded:
-            entry, _ = find_entry(variant)
-            if entry is None:
-                entry = build_entry(variant, cache_dir())
-            _loaded[key] = _load(entry, op.kernel_names, op.plan(model, variant.knobs))
-        return _loaded[key]
+                return entry
+            log.warning("library %s is corrupt; %s", entry,
+                        "rebuilding it" if folder == cache else "ignoring it (building into the cache)")
+            if folder == cache:
+                shutil.rmtree(entry, ignore_errors=True)
+    return None
 
 
 class Kernels(dict):
@@ -233,17 +242,13 @@ class Kernels(dict):
     plan: dict | None = None
 
 
-def load(entry: Path, op, model: targets.TargetModel) -> Kernels:
-    """The kernels of a built library directory, with the plan of the knobs in its manifest."""
-    return _load(entry, op.kernel_names, op.plan(model, manifest(entry)["knobs"]))
-
-
-def _load(entry: Path, names, plan: dict | None = None) -> Kernels:
+def load(entry: Path, op) -> Kernels:
+    """The kernels of a built library directory, with the plan recorded in its manifest."""
     import tvm
 
     lib = tvm.runtime.load_module(str(entry / "lib.so"))
-    kernels = Kernels({name: lib[name] for name in names})
-    kernels.plan = plan
+    kernels = Kernels({name: lib[name] for name in op.kernel_names})
+    kernels.plan = manifest(entry)["plan"]
     return kernels
 
 

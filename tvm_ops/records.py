@@ -12,23 +12,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from pathlib import Path
 
 from . import targets
-
-
-def records_path() -> Path:
-    """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
-    from .build import cache_dir
-
-    # asked on every call: the Path is built once per value of the variables it depends on
-    return _records_path(os.environ.get("TVM_OPS_RECORDS"), cache_dir())
-
-
-@functools.lru_cache(maxsize=8)
-def _records_path(explicit: str | None, cache: Path) -> Path:
-    return Path(explicit) if explicit else cache / "tuning.jsonl"
+from .paths import records_path
 
 
 def _bucket(value: int) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 from . import metrics
 from .errors import ArchMismatchError, OpError
 from .targets import TargetModel
+from .testing import material
 
 
 @dataclass
@@ -43,7 +44,8 @@ def to_numpy(value) -> np.ndarray:
 
 def run_case(op, case, dtype: str, model: TargetModel) -> CaseResult:
     result = CaseResult(op.name, case.name, dtype, model.key, "fail")
-    inputs, params = op.make_inputs(case, dtype, case_rng(op.name, case.name, dtype))
+    testing = material(op)
+    inputs, params = testing.make_inputs(case, dtype, case_rng(op.name, case.name, dtype))
     try:
         outputs = op.call(to_target(model, inputs), params, model, {})
     except ArchMismatchError as exc:
@@ -60,7 +62,7 @@ def run_case(op, case, dtype: str, model: TargetModel) -> CaseResult:
         return result
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     results = {t.name: value for t, value in zip(op.spec.outputs, outputs)}
-    result.accuracy, problems = compare(op, dtype, results, op.reference(inputs, params))
+    result.accuracy, problems = compare(op, dtype, results, testing.reference(inputs, params))
     result.detail = "; ".join(problems)
     result.verdict = "fail" if problems else "pass"
     return result

@@ -2,7 +2,7 @@
 
 Each target section documents the plan (reduction strategy, task split,
 on-chip memory) and lists the tunable knobs with their default and candidate
-values. The recipe in tvm_ops/schedules/<op>.py reads the knob values.
+values. The recipe in tvm_ops/ops/<op>/schedule.py reads the knob values.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from .spec import REPO_ROOT, SpecError
+from . import paths
+from .spec import SpecError
 from .targets import TARGET_KINDS
 
-SCHEDULE_DIR = REPO_ROOT / "schedules"
 REDUCTIONS = ("owner", "atomic", "private")
 
 
@@ -56,9 +56,9 @@ def _section(path: Path, target: str, body) -> TargetSchedule:
 @functools.lru_cache(maxsize=None)
 def load(op: str) -> dict:
     """{target kind: TargetSchedule} for one operator."""
-    path = SCHEDULE_DIR / f"{op}.yaml"
-    if not path.exists():
-        raise SpecError(f"{path.name}: no schedule file for operator {op!r} in {SCHEDULE_DIR}")
+    path = paths.data_file("schedules", op)
+    if not path.is_file():
+        raise SpecError(f"{path.name}: no schedule file for operator {op!r} in the package data tvm_ops.schedules")
     return parse(path, op)
 
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from . import paths
 from .errors import OpError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SPEC_DIR = REPO_ROOT / "specs"
 DTYPES = ("float32", "float16", "int32")
 CASE_SETS = ("network", "boundary", "random")
 
@@ -211,8 +210,9 @@ def parse(path: Path) -> OpSpec:
         raise SpecError(f"{path.name}: not valid YAML: {exc}") from exc
     reader = _Reader(path, data)
     op = reader.get("op", str)
-    if op != path.stem:
-        reader.fail("op", f"must match the file name {path.stem!r}, got {op!r}")
+    stem = Path(path.name).stem
+    if op != stem:
+        reader.fail("op", f"must match the file name {stem!r}, got {op!r}")
     inputs, outputs = _tensors(reader, "inputs"), _tensors(reader, "outputs")
     names = {t.name for t in inputs + outputs}
     for t in inputs + outputs:
@@ -278,7 +278,7 @@ def parse(path: Path) -> OpSpec:
 
 @functools.lru_cache(maxsize=None)
 def load(op: str) -> OpSpec:
-    path = SPEC_DIR / f"{op}.yaml"
-    if not path.exists():
-        raise SpecError(f"{path.name}: no spec file for operator {op!r} in {SPEC_DIR}")
+    path = paths.data_file("specs", op)
+    if not path.is_file():
+        raise SpecError(f"{path.name}: no spec file for operator {op!r} in the package data tvm_ops.specs")
     return parse(path)

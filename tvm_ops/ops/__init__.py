@@ -1,42 +1,37 @@
-"""The operator registry: every module here that defines `OP` is an operator."""
+"""The operator registry: NAMES lists every operator, one folder each under tvm_ops/ops/.
+
+An operator's folder holds its public function and Operator (`__init__.py`), its
+TensorIR (`compute.py`) and its per-target schedule recipes (`schedule.py`); its
+contract and schedule knobs are the package data specs/<op>.yaml and
+schedules/<op>.yaml, its testing material tvm_ops/testing/<op>.py.
+"""
 
 from __future__ import annotations
 
-import functools
 import importlib
-import pkgutil
-from pathlib import Path
 
-NOT_OPERATORS = {"base", "task_queue"}  # shared helpers, not operators
-
-
-@functools.lru_cache(maxsize=None)
-def names() -> tuple[str, ...]:
-    """Operator module names, found without importing them (no TVM needed)."""
-    folder = Path(__file__).parent
-    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if m.name not in NOT_OPERATORS))
+NAMES = (
+    "border_align_backward",
+    "dynamic_scatter_backward",
+    "ms_deform_attn_backward",
+    "three_interpolate_backward",
+    "voxel_pooling_forward",
+)
 
 
-@functools.lru_cache(maxsize=None)
-def _registry() -> dict:
-    found = {}
-    for name in names():
-        module = importlib.import_module(f"{__name__}.{name}")
-        if hasattr(module, "OP"):
-            found[module.OP.name] = module.OP
-    return found
+def module(name: str):
+    """The operator's package (imports TVM); BadParamError for an unknown name."""
+    if name not in NAMES:
+        from ..errors import BadParamError
 
-
-def __getattr__(attr):
-    if attr == "OPERATORS":
-        return _registry()
-    raise AttributeError(attr)
+        raise BadParamError(f"unknown operator {name!r}; known: {', '.join(NAMES)}")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def get(name: str):
-    from ..errors import BadParamError
+    """The Operator called `name`."""
+    return module(name).OP
 
-    registry = _registry()
-    if name not in registry:
-        raise BadParamError(f"unknown operator {name!r}; known: {', '.join(registry)}")
-    return registry[name]
+
+def all_operators() -> list:
+    return [get(name) for name in NAMES]

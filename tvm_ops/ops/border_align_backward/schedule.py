@@ -1,6 +1,6 @@
 """Schedule recipes for border_align_backward (knobs: schedules/border_align_backward.yaml)."""
 
-from tvm_ops.ops.border_align_backward import CAST, SCATTER, TAIL
+from .compute import CAST, SCATTER, TAIL
 
 
 def llvm(sch, kernel, model, plan):

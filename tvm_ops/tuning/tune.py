@@ -24,11 +24,11 @@ reference, and every call is timed with the remote time_evaluator. A launch
 that does anything but call kernels on its tensors and declared workspaces
 (host-side views or fills) raises NotSupportedError there.
 
-Records are JSON lines appended as they come (records.records_path() by
+Records are JSON lines appended as they come (paths.records_path() by
 default); a trial whose (op, dtype, target, shape class, knobs) already has a
 record is not repeated, so an interrupted run resumes where it stopped.
 The shape class (records.shape_class: sizes and parameters bucketed to powers
-of two) is what calls dispatch by: build.default_variant() picks the best
+of two) is what calls dispatch by: dispatch.default_variant() picks the best
 correct record of the call's class, else the hand-tuned default.
 
 Records carry "runner": "local" or "rpc:<key>": a resumed run only reuses
@@ -51,9 +51,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, build, checks, interop, records, runner
-from .errors import BadParamError, NotSupportedError
-from .targets import TargetModel
+from .. import bench, build, checks, interop, paths, records, runner
+from ..errors import BadParamError, NotSupportedError
+from ..invocation import Invocation
+from ..targets import TargetModel
+from ..testing import material
 
 log = logging.getLogger(__name__)
 
@@ -88,26 +90,23 @@ def append_record(path: Path, record: dict) -> None:
 
 def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin: str, out_dir: str) -> str:
     """Build (or find in the cache) one candidate's library; runs in a worker process."""
-    from .ops import get
+    from ..ops import get
 
     variant = build.Variant(get(op_name), dtype, model, knobs, origin)
-    entry, _ = build.find_entry(variant)
-    if entry is None:
-        entry = build.build_entry(variant, Path(out_dir))
-    return str(entry)
+    return str(build.find_entry(variant) or build.build_entry(variant, Path(out_dir)))
 
 
 @dataclass
 class Prepared:
     """A case's generated host inputs and parameters, checked: what every harness starts from."""
 
-    generated: tuple  # (inputs, params) from op.make_inputs
+    generated: tuple  # (inputs, params) from the op's testing material
     problem: checks.Problem  # checked on the host tensors
     shape_class: str  # what the records are keyed by (records.shape_class)
 
 
 def prepare(op, case, dtype: str) -> Prepared:
-    inputs, params = op.make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     if problem.empty:
         raise BadParamError(f"{op.name}: case {case.name} has no elements: nothing to tune")
@@ -148,15 +147,9 @@ class Harness:
         inputs, params = (prepared or prepare(op, case, dtype)).generated
         on_target = runner.to_target(model, inputs)
         self.problem = checks.check(op.spec, on_target, params, {}, op.rules)
-        self.results = {}
-        for t in op.spec.outputs:
-            shape = checks.output_shape(op.spec, t.name, self.problem.sizes)
-            self.results[t.name] = interop.empty_like_kind(self.problem.kind, self.problem.device, shape,
-                                                           op._dtype_of(t, self.problem), zero=True)
-        self.tensors = {name: interop.contiguous(info) for name, info in self.problem.inputs.items()}
-        self.tensors.update(self.results)
-        self.workspaces_for = None  # the plan the workspaces in self.tensors were allocated for
-        self.reference = op.reference(inputs, params)
+        self.invocation = Invocation(op, self.problem, zero_outputs=True)
+        self.results = self.invocation.outputs
+        self.reference = material(op).reference(inputs, params)
         self.sync = None
         if model.kind == "cuda":
             import torch
@@ -164,12 +157,7 @@ class Harness:
             self.sync = torch.cuda.synchronize
 
     def run(self, kernels: build.Kernels) -> None:
-        if self.workspaces_for != knobs_key(kernels.plan or {}):
-            self.tensors.update(self.op.allocate_workspaces(self.problem, kernels.plan))
-            self.workspaces_for = knobs_key(kernels.plan or {})
-        for name in self.op.zeroed(self.problem, kernels.plan):
-            interop.zero(self.tensors[name])
-        self.op.launch(kernels, self.problem, self.tensors)
+        self.invocation.run(kernels)
         if self.sync is not None:
             self.sync()
 
@@ -241,7 +229,7 @@ def trace_launch(op, problem: checks.Problem, plan: dict) -> list[tuple[str, tup
 
 def _worker_setup(op_name: str, case, dtype: str, model: TargetModel) -> None:
     """In a LocalWorker's process: generate the case (the same seeded inputs) and its reference."""
-    from .ops import get
+    from ..ops import get
 
     global _WORKER_HARNESS
     _WORKER_HARNESS = Harness(get(op_name), case, dtype, model)
@@ -249,7 +237,7 @@ def _worker_setup(op_name: str, case, dtype: str, model: TargetModel) -> None:
 
 def _worker_measure(entry: str, repeat: int, budget_s: float) -> tuple[str, float, float]:
     harness = _WORKER_HARNESS
-    kernels = build.load(Path(entry), harness.op, harness.model)
+    kernels = build.load(Path(entry), harness.op)
     problems = harness.check(kernels)
     if problems:
         return problems, 0.0, 0.0
@@ -341,8 +329,8 @@ class RpcHarness:
         self.outputs = {}
         for t in op.spec.outputs:
             shape = checks.output_shape(op.spec, t.name, problem.sizes)
-            self.outputs[t.name] = np.zeros(shape, op._dtype_of(t, problem))
-        self.reference = op.reference(inputs, params)
+            self.outputs[t.name] = np.zeros(shape, op.output_dtype(t, problem))
+        self.reference = material(op).reference(inputs, params)
         self.remote, self.remote_sess, self.uploads = None, None, 0
         rpc.session()  # no tracker or no server for the key: fail before any build
 
@@ -359,7 +347,7 @@ class RpcHarness:
             self.remote = {k: tvm.runtime.tensor(v, dev) for k, v in self.host.items()}
             self.remote.update({k: tvm.runtime.tensor(v, dev) for k, v in self.outputs.items()})
             self.remote_sess = sess
-        plan = self.op.plan(self.model, build.manifest(entry)["knobs"])
+        plan = build.manifest(entry)["plan"]
         calls = trace_launch(self.op, self.problem, plan)  # the knobs may choose the kernels
         for name, (shape, dtype) in self.op.workspaces(self.problem, plan).items():
             if name not in self.remote or tuple(self.remote[name].shape) != tuple(shape):
@@ -424,7 +412,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
     if isinstance(case, str):
         case = find_case(op, case)
     prepared = prepare(op, case, dtype)
-    path = Path(records_path) if records_path else records.records_path()
+    path = Path(records_path) if records_path else paths.records_path()
     runner_name = rpc.name if rpc is not None else LocalWorker.name
     head = {"op": op.name, "dtype": dtype, "target": model.key, "shape_class": prepared.shape_class}
     done = {knobs_key(r["knobs"]): r for r in records.read(path)
@@ -470,7 +458,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
     if todo:
         harness = (RpcHarness(op, case, dtype, model, rpc, prepared) if rpc is not None
                    else LocalWorker(op, case, dtype, model, timeout))
-    cache = build.cache_dir()
+    cache = paths.cache_dir()
     pool = None
     if workers > 1 and len(todo) > 1:
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))

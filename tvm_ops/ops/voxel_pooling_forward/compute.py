@@ -1,44 +1,14 @@
-"""voxel_pooling_forward (BEVDepth).
+"""TensorIR of voxel_pooling_forward's kernels (the operator's docstring lists them).
 
-A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
-0 <= x < X, 0 <= y < Y and 0 <= z < Z (x = 0 is a valid voxel).
-    output_features[b, y, x, :] = sum of input_features[b, n, :] over kept points
-    pos_memo[b, n] = (b, y, x) if kept else (-1, -1, -1)
-Contract: specs/voxel_pooling_forward.yaml.
-
-Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the
-default path `pool` (channels [0, C // V * V)) and `pool_tail` (channels
-[C // V * V, C), launched only when C % V != 0); when the CPU knob `point_splits` gives
-S > 1 point ranges per batch (see point_splits()), `pool_split` (owner = batch x range, into
-a private slice of the workspace range_sums [B, S, Y, X, C]) and `combine` (slices summed in
-the order s = 0..S-1) instead: deterministic for a given S, other bits than S = 1; with
-`algorithm: sort` `sort_points` and `segment_sum` instead (the BEVPool route; same bits as
-S = 1, measured slower: schedules/voxel_pooling_forward.yaml). Coordinates of any int32
-value are tested before the store, so nothing outside output_features is ever written.
-
-- llvm (owner computes, no atomics): the scatter is written as a reduction
-  over n. Each task owns an output slice (a batch, or a batch x channel-vector
-  group), zero-fills it in the block's init and walks all N points of its batch
-  in order, so every output element is summed in the order n = 0..N-1 whatever
-  the thread count: the bits are the same on every run and thread count.
-  The V split is in the compute (TVM 0.27 scalarises a predicated split of a
-  symbolic loop), and the tail is its own PrimFunc because decompose_reduction
-  needs the only writer of `out` in a function. With S > 1 point ranges (B < cores)
-  the owner is (batch, range) and its slice is private (range_sums), summed by
-  `combine` in a fixed order: the bits depend on S, never on the thread count.
-- cuda (mlu-ops / BEVDepth): one thread per (point, channel) doing atomicAdd;
-  the output is zero-filled on the device before the launch. TVM 0.27 has no
-  schedule primitive that turns a store into an atomic, so this target has its
-  own compute (the atomic is in it).
+The CPU kernels are computes scheduled by schedule.py; CUDA has computes of its own
+(`_pool_atomic`) because TVM 0.27 has no schedule primitive that turns a store into an
+atomic add.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm.script import tirx as T
-
-from .base import Operator, peer_tensor
 
 CUDA_VEC = 32  # CUDA main/tail channel split: a warp of channels
 
@@ -322,167 +292,13 @@ def _pool_atomic(dtype: str, V: int, tail: bool):
     return pool_tail
 
 
-def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
-    x, y, z = geom[..., 0], geom[..., 1], geom[..., 2]
-    return (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
-
-
-def point_splits(sizes: dict, plan: dict) -> int:
-    """S, the point ranges per batch of the CPU owner path (1: one owner per batch).
-
-    "auto" = ceil(cores / B) from the target model's core count, never the runtime thread
-    count: S fixes the summation order, so one S gives the same bits on every thread count.
-    Capped at N (a range holds at least one point) and so that the workspace stays below
-    2^31 elements, like every tensor the int32-indexed kernels touch."""
-    splits = plan.get("point_splits", 1)
-    if splits == "auto":
-        splits = -(-plan["cores"] // sizes["B"])
-    grid = sizes["B"] * sizes["Y"] * sizes["X"] * sizes["C"]
-    return max(1, min(int(splits), sizes["N"], (2**31 - 1) // grid))
-
-
-class VoxelPoolingForward(Operator):
-    name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", "pool", "pool_tail", "pool_split", "combine", "sort_points",
-                    "segment_sum")
-
-    def plan(self, model, knobs):
-        if model.kind == "cuda":
-            return {"vec": CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
-        # V = one SIMD register of float32 (16 on AVX-512, 8 on AVX2)
-        splits = knobs["point_splits"]
-        if splits != "auto" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
-            raise ValueError(f"point_splits must be 'auto' or a positive integer, got {splits!r}")
-        return {"vec": max(model.vector_bytes // 4, 4), "algorithm": knobs["algorithm"],
-                "point_splits": splits, "cores": model.cores,
-                "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
-                "memo_chunk": int(knobs["memo_chunk"]), "unroll_points": int(knobs["unroll_points"])}
-
-    def computes(self, dtype, plan, model):
-        V = plan["vec"]
-        # every library holds every kernel name; the CUDA launch never calls the CPU-only
-        # sets (split ranges, sort): it takes the atomic path
-        shared = {"pool_split": _pool_split(dtype, V), "combine": _combine(dtype, V), "sort_points": _sort_points(),
-                  "segment_sum": _segment_sum(dtype, V)}
-        if model.kind == "cuda":
-            return {"pos_memo": _pos_memo(), "pool": _pool_atomic(dtype, V, False),
-                    "pool_tail": _pool_atomic(dtype, V, True), **shared}
-        return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V), **shared}
-
-    def workspaces(self, problem, plan):
-        s = problem.sizes
-        if plan.get("algorithm") != "sort":
-            splits = point_splits(s, plan)
-            if splits == 1:
-                return {}  # pool writes output_features directly
-            # a private float32 slice of the output grid per point range
-            return {"range_sums": ((s["B"], splits, s["Y"], s["X"], s["C"]), problem.dtype)}
-        # voxel boundaries [B, Y*X + 1] and the point indices sorted by voxel [B, N]
-        return {"voxel_start": ((s["B"], s["Y"] * s["X"] + 1), "int32"), "sorted_points": ((s["B"], s["N"]), "int32")}
-
-    def zeroed(self, problem, plan):
-        # CUDA atomics accumulate into the output; the llvm kernels zero their own slices
-        return ("output_features",) if problem.device == "cuda" else ()
-
-    def launch(self, kernels, problem, tensors):
-        s, p, plan = problem.sizes, problem.params, kernels.plan
-        geom, feat = tensors["geom_xyz"], tensors["input_features"]
-        out, memo = tensors["output_features"], tensors["pos_memo"]
-        kernels["pos_memo"](geom, memo, s["X"], s["Y"], p["num_voxel_z"])
-        if plan.get("algorithm") == "sort":
-            start, order = tensors["voxel_start"], tensors["sorted_points"]
-            kernels["sort_points"](geom, start, order, s["X"], s["Y"], p["num_voxel_z"])
-            kernels["segment_sum"](feat, start, order, out)
-            return
-        if point_splits(s, plan) > 1:
-            part = tensors["range_sums"]
-            kernels["pool_split"](geom, feat, part, p["num_voxel_z"])
-            kernels["combine"](part, out)
-            return
-        kernels["pool"](geom, feat, out, p["num_voxel_z"])
-        if s["C"] % plan["vec"]:
-            kernels["pool_tail"](geom, feat, out, p["num_voxel_z"])
-
-    # --- testing and benchmarking ---------------------------------------------
-    def make_inputs(self, case, dtype, rng):
-        """Coordinates spill `spill` voxels beyond each x/y edge; a `z_out` fraction of the
-        points get z = Z or z = -1 (out of range)."""
-        s = case.shape
-        B, N, C, X, Y, Z = (s[k] for k in ("B", "N", "C", "X", "Y", "Z"))
-        spill = case.extra.get("spill", 0)
-        geom = np.empty((B, N, 3), np.int32)
-        geom[..., 0] = rng.integers(-spill, X + spill, (B, N))
-        geom[..., 1] = rng.integers(-spill, Y + spill, (B, N))
-        geom[..., 2] = rng.integers(0, max(Z, 1), (B, N))
-        z_out = rng.random((B, N)) < case.extra.get("z_out", 0.0)
-        geom[..., 2][z_out] = np.where(rng.random(int(z_out.sum())) < 0.5, Z, -1)
-        feat = rng.uniform(-1, 1, (B, N, C)).astype(dtype)
-        return ({"geom_xyz": geom, "input_features": feat},
-                {"num_voxel_x": X, "num_voxel_y": Y, "num_voxel_z": Z})
-
-    def reference(self, inputs, params):
-        """float64, from the SPEC_NOTES math: kept mask, then a grouped sum per voxel."""
-        geom = np.asarray(inputs["geom_xyz"]).astype(np.int64)
-        feat = np.asarray(inputs["input_features"])
-        X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
-        B, N, C = feat.shape
-        kept = _kept(geom, X, Y, Z)
-        b = np.broadcast_to(np.arange(B)[:, None], (B, N))
-        memo = np.full((B, N, 3), -1, np.int64)
-        memo[kept] = np.stack([b[kept], geom[..., 1][kept], geom[..., 0][kept]], -1)
-        voxel = ((b * Y + geom[..., 1]) * X + geom[..., 0])[kept]
-        rows = feat[kept].astype(np.float64)
-        out = np.zeros((B * Y * X, C))
-        if voxel.size:
-            order = np.argsort(voxel, kind="stable")
-            voxel, rows = voxel[order], rows[order]
-            starts = np.flatnonzero(np.r_[True, voxel[1:] != voxel[:-1]])
-            out[voxel[starts]] = np.add.reduceat(rows, starts, axis=0)
-        return {"output_features": out.reshape(B, Y, X, C), "pos_memo": memo}
-
-    def torch_peer(self, inputs, params):
-        """PyTorch eager from the same inputs: mask, voxel index, index_put_(accumulate=True), pos_memo."""
-        import torch
-
-        g = peer_tensor(inputs["geom_xyz"])
-        f = peer_tensor(inputs["input_features"])
-        X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
-        B, N, C = f.shape
-
-        def run():
-            x, y, z = g[..., 0], g[..., 1], g[..., 2]
-            kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
-            b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
-            voxel = (b.long() * Y + y.long()) * X + x.long()
-            out = torch.zeros(B * Y * X, C, dtype=f.dtype)
-            out.index_put_((voxel[kept],), f[kept], accumulate=True)
-            memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y, x], -1), torch.full((), -1, dtype=torch.int32))
-            return out.view(B, Y, X, C), memo
-
-        return run
-
-
-OP = VoxelPoolingForward()
-
-
-def voxel_pooling_forward(geom_xyz, input_features, num_voxel_x, num_voxel_y, num_voxel_z, *,
-                          target="llvm", out=None):
-    """BEV voxel pooling: (output_features [B, Y, X, C], pos_memo [B, N, 3]).
-
-    geom_xyz [B, N, 3] int32 holds (x, y, z) voxel coordinates; input_features [B, N, C]
-    float32. A point is kept iff 0 <= x < num_voxel_x, 0 <= y < num_voxel_y and
-    0 <= z < num_voxel_z; its features are summed into output_features[b, y, x] and
-    pos_memo[b, n] = (b, y, x), else (-1, -1, -1). numpy in -> numpy out; torch in ->
-    torch out. `out=` is a pair (output_features, pos_memo) of caller buffers; either may be
-    None.
-    """
-    if out is None:
-        out = (None, None)
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        from ..errors import BadParamError
-
-        raise BadParamError("voxel_pooling_forward: out must be a pair (output_features, pos_memo), "
-                            f"either may be None; got {type(out).__name__}")
-    return OP.call({"geom_xyz": geom_xyz, "input_features": input_features},
-                   {"num_voxel_x": num_voxel_x, "num_voxel_y": num_voxel_y, "num_voxel_z": num_voxel_z},
-                   target, {"output_features": out[0], "pos_memo": out[1]})
+def computes(dtype: str, V: int, kind: str) -> dict:
+    """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
+    # every library holds every kernel name; the CUDA launch never calls the CPU-only
+    # sets (split ranges, sort): it takes the atomic path
+    shared = {"pool_split": _pool_split(dtype, V), "combine": _combine(dtype, V), "sort_points": _sort_points(),
+              "segment_sum": _segment_sum(dtype, V)}
+    if kind == "cuda":
+        return {"pos_memo": _pos_memo(), "pool": _pool_atomic(dtype, V, False),
+                "pool_tail": _pool_atomic(dtype, V, True), **shared}
+    return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V), **shared}

@@ -9,7 +9,7 @@ scheduled here.
 
 from __future__ import annotations
 
-from tvm_ops.ops.ms_deform_attn_backward import KERNELS
+from .compute import KERNELS
 
 
 def llvm(sch, kernel, model, plan):

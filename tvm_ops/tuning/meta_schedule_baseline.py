@@ -59,9 +59,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import build, tune
-from .errors import BadParamError, NotSupportedError
-from .targets import TargetModel
+from .. import build, dispatch, paths
+from ..errors import BadParamError, NotSupportedError
+from ..targets import TargetModel
+from . import tune
 
 log = logging.getLogger(__name__)
 HAND_TUNED, META_SCHEDULE = "hand-tuned", "meta_schedule"
@@ -176,13 +177,14 @@ def align_tensors(harness: tune.Harness, alignment: int = 64) -> None:
     max_init: parallel x vectorize 64 over the workspace), and LLVM's aligned vector
     moves then fault on numpy data, so both configurations run on aligned copies.
     """
-    for name, value in list(harness.tensors.items()):
+    tensors = harness.invocation.tensors
+    for name, value in list(tensors.items()):
         if isinstance(value, np.ndarray) and value.ctypes.data % alignment:
             raw = np.empty(value.nbytes + alignment, np.uint8)
             start = -raw.ctypes.data % alignment
             aligned = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
             aligned[...] = value
-            harness.tensors[name] = aligned
+            tensors[name] = aligned
             if name in harness.results:
                 harness.results[name] = aligned
 
@@ -329,8 +331,8 @@ def _tune_all(op_name: str, dtype: str, jobs: list, trials: int, seed: int, time
     """{kernel: _tune_kernel's result} for [(kernel, args_path, work_dir)]; the child's entry point."""
     from tvm.s_tir import meta_schedule as ms
 
-    from . import targets
-    from .ops import get
+    from .. import targets
+    from ..ops import get
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)  # the log files keep DEBUG
     _import_tensor_intrin()
@@ -469,10 +471,8 @@ def _median_rounds(configs: dict, rounds: int, repeat: int, budget_s: float) -> 
 
 
 def _load_variant(variant: build.Variant) -> dict:
-    entry, _ = build.find_entry(variant)
-    if entry is None:
-        entry = build.build_entry(variant, build.cache_dir())
-    return build.load(entry, variant.op, variant.model)
+    entry = build.find_entry(variant) or build.build_entry(variant, paths.cache_dir())
+    return build.load(entry, variant.op)
 
 
 def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, trials: int = 16,
@@ -486,7 +486,7 @@ def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, 
     `reuse` keeps a kernel's database from an earlier run with the same arguments and trials
     (re-check and re-time without re-tuning).
     """
-    from . import targets
+    from .. import targets
 
     why = available()
     if why:
@@ -499,7 +499,7 @@ def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, 
         raise BadParamError(f"trials must be at least 1, got {trials}")
     if isinstance(case, str):
         case = tune.find_case(op, case)
-    root = Path(work_dir) if work_dir else build.cache_dir() / "meta_schedule" / f"{op.name}-{case.name}-{dtype}"
+    root = Path(work_dir) if work_dir else paths.cache_dir() / "meta_schedule" / f"{op.name}-{case.name}-{dtype}"
     prepared = tune.prepare(op, case, dtype)
     harness = tune.Harness(op, case, dtype, model, prepared)
     hand = _load_variant(build.Variant(op, dtype, model, dict(op.schedules[model.kind].defaults), HAND_TUNED))
@@ -564,7 +564,7 @@ def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, 
     result.check = harness.check(ms_kernels)
 
     configs = {HAND_TUNED: (harness, hand)}
-    tuned_variant = build.default_variant(op, dtype, model, prepared.shape_class)
+    tuned_variant = dispatch.default_variant(op, dtype, model, prepared.shape_class)
     if tuned_variant.origin != HAND_TUNED:  # its own harness: its plan may want other workspaces
         configs[f"tuned knobs ({tuned_variant.origin})"] = (tune.Harness(op, case, dtype, model, prepared),
                                                             _load_variant(tuned_variant))

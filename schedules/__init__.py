@@ -1,0 +1,1 @@
+"""Per-target schedule knobs (package data tvm_ops.schedules): one YAML file per operator."""

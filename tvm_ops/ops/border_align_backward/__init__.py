@@ -1,0 +1,130 @@
+"""border_align_backward (BorderDet).
+
+For each (n, k, border s, channel c), i = argmax_idx[n, k, s, c]; when 0 <= i <= pool_size,
+grad_output[n, k, s, c] is spread bilinearly at the border sample start_s + i * step_s of box
+k into grad_input[n, :, :, s*C + c]. Layout (the seed's NHWC): grad_output [N, K, 4, C],
+boxes [N, K, 4] (x0, y0, x1, y1), argmax_idx [N, K, 4, C] int32, grad_input [N, H, W, 4C]
+with K == H*W. Border s: 0 top, 1 left, 2 bottom, 3 right. Contract:
+specs/border_align_backward.yaml.
+
+Work is N*K*4*C samples: each (n, k, s, c) adds the 4 bilinear corners of the one sample
+its argmax names. Kernels (one set per dtype and target, every dimension symbolic; V is the
+llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
+  scatter       channels [0, C // V * V)
+  scatter_tail  the C % V tail channels (launched only when C % V != 0)
+  cast          float32 accumulator -> grad_input (CUDA float16 only; see below)
+
+- llvm (owner computes, no atomics, deterministic): an owner (n, s, V-channel group) zeroes
+  a private float32 tile [H, W, V], walks k = 0..K-1 in order adding every sample into it,
+  then stores the tile into its columns of grad_input (rounding once for float16; streamed
+  past the caches when grad_input starts on a cache line, as our own outputs do). Different
+  (s, c) columns never collide, so owners need no atomics, and every element is summed in the
+  same order whatever the thread count. Corner adds (knob corner_adds):
+    per_position (default): a border moves along one axis, so its samples' corners are a
+      range of cells on that axis crossed with two fixed rows. Each such map position gets
+      one contiguous V-lane tile row add, each lane's weight looked up (AVX-512 vpermps) in
+      the position's 16-entry table of per-sample weights: ~23 row adds per box on the
+      network case instead of per_sample's 44. pool_size < 15 and finite gradients (a lane
+      adds g * 0 where its sample has no corner); otherwise per_sample, in the same kernel.
+    per_sample: the V lanes of one (n, k, s) share the box, so there are only
+      pool_size + 1 sample positions; their geometry is computed once (16 samples per
+      vector), then per sample the lanes whose argmax names it add their gradient at its 4
+      corners, each a contiguous V-lane tile row (vector load/FMA/store); other lanes add +0.
+    per_lane: each lane computes its own sample (vectors), then its 4 corner adds are per
+      lane (TVM scalarises the scatter across tile rows).
+  All three give the same bits (each lane gets its own sample's products g * (hy * hx), one
+  per tile position; +0 changes no bit in a tile that starts at +0 with weights >= 0).
+- cuda (mlu-ops' plan): one thread per (n, k, s, c), channels fastest, atomicAdd of the 4
+  weighted corners into grad_input (float32, zeroed first) or into a zeroed float32 workspace
+  that `cast` rounds once into grad_input (float16: accumulate in float32, round once).
+
+No write can leave grad_input, the tile or the workspace, whatever the boxes or argmax
+values: an argmax outside [0, pool_size] and a sample outside [-1, H] x [-1, W] (tested as
+positive comparisons, so NaN coordinates from NaN boxes or 0 * inf fail them) contribute 0
+at the safe corner (0, 0) on the CPU, and nothing on CUDA; a sample that passes the test has
+every corner inside the map, so its int casts are safe. Why this design:
+schedules/border_align_backward.yaml.
+"""
+
+from __future__ import annotations
+
+from ...errors import BadParamError
+from ..base import Operator
+from . import compute, schedule
+from .compute import CAST, CHANNEL_GROUP, SCATTER, TAIL
+
+
+class BorderAlignBackward(Operator):
+    name = "border_align_backward"
+    kernel_names = (SCATTER, TAIL, CAST)
+    recipe = schedule
+
+    def rules(self, problem):
+        s = problem.sizes
+        op = self.name
+        where = ("out['grad_input'].shape[3]" if "grad_input" in problem.outs else "grad_input.shape[3]")
+        if s["Q"] % 4 != 0:
+            raise BadParamError(f"{op}: {where} must be a multiple of 4 (4 borders x C), got {s['Q']}")
+        if s["Q"] // 4 != s["C"]:
+            raise BadParamError(f"{op}: {where} / 4 must equal grad_output.shape[3] (C) = {s['C']}, "
+                                f"got {s['Q']} / 4 = {s['Q'] // 4}")
+        if s["H"] * s["W"] != s["K"]:
+            raise BadParamError(f"{op}: height * width must equal grad_output.shape[1] (K) = {s['K']}, "
+                                f"got {s['H']} * {s['W']} = {s['H'] * s['W']}")
+
+    def plan(self, model, knobs):
+        plan = {"channel_group": CHANNEL_GROUP, **knobs}
+        if model.kind == "cuda":
+            plan["owner_lanes"] = CHANNEL_GROUP  # the CUDA kernels split C at 16 (main | tail)
+        elif plan.get("corner_adds") == "per_position" and model.vector_bytes < 64:
+            plan["corner_adds"] = "per_sample"  # its lookup is AVX-512's 16-lane vpermps
+        return plan
+
+    def computes(self, dtype, plan, model):
+        return compute.computes(dtype, model.kind, plan)
+
+    def workspaces(self, problem, plan):
+        if problem.device != "cuda" or problem.dtype == "float32":
+            return {}
+        # CUDA float16: the atomics accumulate in float32, `cast` rounds once into grad_input
+        s = problem.sizes
+        return {"accumulator": ((s["N"], s["H"], s["W"], s["Q"]), "float32")}
+
+    def zeroed(self, problem, plan):
+        if problem.device != "cuda":
+            return ()  # the CPU owners zero their tiles
+        return ("grad_input",) if problem.dtype == "float32" else ("accumulator",)  # atomics add into zeros
+
+    def launch(self, kernels, problem, tensors):
+        c = problem.sizes["C"]
+        pool = problem.params["pool_size"]
+        go, bx, am, out = (tensors[t] for t in ("grad_output", "boxes", "argmax_idx", "grad_input"))
+        acc = tensors.get("accumulator", out)
+        lanes = kernels.plan["owner_lanes"]  # the main kernel covers C // lanes * lanes channels
+        if c >= lanes:
+            kernels[SCATTER](go, bx, am, acc, pool)
+        if c % lanes:
+            kernels[TAIL](go, bx, am, acc, pool)
+        if acc is not out:
+            kernels[CAST](acc, out)
+
+
+OP = BorderAlignBackward()
+
+
+def border_align_backward(grad_output, boxes, argmax_idx, pool_size, *, height=None, width=None,
+                          target="llvm", out=None):
+    """Gradient of BorderAlign (BorderDet): grad_input [N, H, W, 4C] from grad_output [N, K, 4, C].
+
+    boxes [N, K, 4] (x0, y0, x1, y1, the dtype of grad_output: float32 or float16),
+    argmax_idx [N, K, 4, C] int32 (sample index in [0, pool_size]; other values contribute
+    nothing), pool_size > 0, K == height * width. height and width are required unless
+    `out` (a [N, H, W, 4C] buffer) gives them. float16 accumulates in float32 and is rounded
+    once. numpy in -> numpy out; torch in -> torch out.
+    """
+    shape = getattr(grad_output, "shape", None)
+    # grad_input's last dim (4C) for the spec's symbol Q; an out= buffer gives it instead
+    q = 4 * int(shape[3]) if out is None and shape is not None and len(shape) == 4 else None
+    return OP.call({"grad_output": grad_output, "boxes": boxes, "argmax_idx": argmax_idx},
+                   {"pool_size": pool_size, "height": height, "width": width, "out_channels": q},
+                   target, {"grad_input": out})

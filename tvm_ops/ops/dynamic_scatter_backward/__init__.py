@@ -1,0 +1,127 @@
+"""dynamic_scatter_backward (mmcv dynamic_point_to_voxel backward, MVXNet).
+
+v = point2voxel_map[n]; a point takes part when 0 <= v < voxel_num (voxel_num <= M).
+- max: the gradient of (voxel v, channel c) goes whole to the smallest point index n
+  with map[n] == v and feats[n, c] == voxel_feats[v, c] (exact equality: NaN never
+  matches); every other entry is 0; no match -> nothing is written.
+- sum: grad_feats[n] = grad_voxel_feats[v]; mean: the same divided by voxel_points_count[v].
+Contract: specs/dynamic_scatter_backward.yaml.
+
+The mlu-ops structure: a traceback kernel finds, per (voxel, channel), the winning point
+index in an int32 workspace reduce_from[M, C] (sentinel N = no match), then a scatter
+kernel sends each voxel's gradient to that point. The traceback is written as a
+min-reduction, so it is order-free: any schedule (channel owners on a CPU, atomicMin on a
+GPU, any thread count) gives the same bits. The scatter is written in its owner-computes
+(gather) form: each point owns its output row and takes g[v, c] exactly when
+reduce_from[v, c] == n, which is bit-identical to mlu-ops' scatter (each (v, c) names one
+point) and writes every output element once: no zero-fill, no write conflicts.
+All indexed accesses sit under the validity test of v, and reduce_from is compared, never
+used as an index, so no input (map entries of -1, >= voxel_num, >= M) reaches outside a buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import BadParamError
+from ...interop import zero as _zero
+from ..base import Operator
+from . import schedule
+from .compute import kernel_computes
+
+
+def voxel_num_value(voxel_num):
+    """None, an int, or a one-element int32 array/tensor -> None or a Python int (or the
+    value unchanged for the generic integer check to reject)."""
+    if voxel_num is None or isinstance(voxel_num, (bool, np.bool_, int, np.integer)):
+        return voxel_num
+    if isinstance(voxel_num, np.ndarray) or hasattr(voxel_num, "__dlpack__"):
+        shape = tuple(voxel_num.shape)
+        dtype = str(voxel_num.dtype).replace("torch.", "")
+        if dtype != "int32":
+            raise BadParamError(f"dynamic_scatter_backward: voxel_num must be an int or a one-element "
+                                f"int32 array, got dtype {dtype}")
+        if int(np.prod(shape)) != 1:
+            raise BadParamError(f"dynamic_scatter_backward: voxel_num must be an int or a one-element "
+                                f"int32 array, got shape {list(shape)}")
+        return int(voxel_num.reshape(-1)[0].item() if hasattr(voxel_num, "item") else voxel_num.reshape(-1)[0])
+    return voxel_num  # not an integer: the spec's check names it
+
+
+class DynamicScatterBackward(Operator):
+    name = "dynamic_scatter_backward"
+    kernel_names = ("max_init", "max_traceback", "max_scatter", "sum_scatter", "mean_scatter")
+    recipe = schedule
+
+    # --- contract -----------------------------------------------------------
+    def rules(self, problem):
+        sizes = problem.sizes
+        if sizes["N"] < sizes["M"]:
+            raise BadParamError(f"{self.name}: feats.shape[0] (N) must be >= grad_voxel_feats.shape[0] "
+                                f"(M) = {sizes['M']}, got {sizes['N']}")
+        voxel_num = problem.params.get("voxel_num")
+        if voxel_num is None:
+            voxel_num = sizes["M"]
+        if voxel_num > sizes["M"]:
+            raise BadParamError(f"{self.name}: voxel_num must be <= M (voxel_feats.shape[0]) = "
+                                f"{sizes['M']}, got {voxel_num}")
+        problem.notes["voxel_num"] = voxel_num
+
+    # --- kernels ------------------------------------------------------------
+    def plan(self, model, knobs):
+        if model.kind == "cuda":
+            threads = int(knobs["threads"])
+            if threads % 32 or threads > 1024:
+                raise ValueError(f"threads must be a multiple of 32 up to 1024, got {threads}")
+            return {"threads_x": 32, "threads_y": threads // 32}
+        # channels per owner step: whole SIMD registers (the NFU width x lanes_mult)
+        return {"vec": model.lanes("float32") * int(knobs["lanes_mult"]),
+                "unroll_points": int(knobs["unroll_points"])}
+
+    def computes(self, dtype, plan, model):
+        return kernel_computes(dtype)
+
+    def workspaces(self, problem, plan):
+        if problem.params["reduce_type"] != "max" or problem.notes["voxel_num"] == 0:
+            return {}
+        # the traceback: the index of the first point reaching each (voxel, channel) maximum,
+        # M*C*4 bytes (mlu-ops uses N*C*4)
+        return {"reduce_from": ((problem.sizes["M"], problem.sizes["C"]), "int32")}
+
+    def launch(self, kernels, problem, tensors):
+        voxel_num = problem.notes["voxel_num"]
+        reduce_type = problem.params["reduce_type"]
+        out = tensors["grad_feats"]
+        if voxel_num == 0:  # no voxel takes part: all zeros, no kernel
+            _zero(out)
+            return
+        p2v, g = tensors["point2voxel_map"], tensors["grad_voxel_feats"]
+        if reduce_type == "max":
+            reduce_from = tensors["reduce_from"]
+            kernels["max_init"](reduce_from, problem.sizes["N"])
+            kernels["max_traceback"](tensors["feats"], tensors["voxel_feats"], p2v, reduce_from, voxel_num)
+            kernels["max_scatter"](g, reduce_from, p2v, out, voxel_num)
+        elif reduce_type == "sum":
+            kernels["sum_scatter"](g, p2v, out, voxel_num)
+        else:
+            kernels["mean_scatter"](g, tensors["voxel_points_count"], p2v, out, voxel_num)
+
+
+OP = DynamicScatterBackward()
+
+
+def dynamic_scatter_backward(grad_voxel_feats, feats, voxel_feats, point2voxel_map, voxel_points_count,
+                             voxel_num=None, reduce_type="max", *, target="llvm", out=None):
+    """Gradient of mmcv's dynamic_point_to_voxel: grad_feats [N, C] from grad_voxel_feats [M, C].
+
+    feats [N, C] and voxel_feats [M, C] (the forward's output) are float32;
+    point2voxel_map [N] (-1 = dropped point) and voxel_points_count [M] are int32.
+    voxel_num (valid voxels, <= M; an int or a one-element int32 array) defaults to M.
+    reduce_type "max" (bit-exact: the smallest matching point index takes the whole
+    gradient), "sum" or "mean". numpy in -> numpy out; torch in -> torch out; `out=` writes
+    into a caller buffer of shape [N, C].
+    """
+    return OP.call({"grad_voxel_feats": grad_voxel_feats, "feats": feats, "voxel_feats": voxel_feats,
+                    "point2voxel_map": point2voxel_map, "voxel_points_count": voxel_points_count},
+                   {"voxel_num": voxel_num_value(voxel_num), "reduce_type": reduce_type}, target,
+                   {"grad_feats": out})

@@ -1,0 +1,161 @@
+"""ms_deform_attn_backward (Deformable DETR, BEVFormer).
+
+For every sample (b, q, head, l, p) the forward bilinearly samples level l of
+value[b, :, head, :] at sampling_loc[b, q, head, l, p] and weights it by
+attn_weight[b, q, head, l, p]. The backward scatters grad_output * attn *
+corner weight into the four corner rows of grad_value, and reduces over the
+channels for grad_attn_weight and grad_sampling_loc. Semantics (strict sample
+validity test, per-corner validity, w_l / h_l factors): SPEC_NOTES.md; the
+contract: specs/ms_deform_attn_backward.yaml.
+
+Kernels (symbolic B, K, H, C, L, Q, P): `backward` and `backward_private`, one
+library per (dtype, target), same arguments (the inputs, then the three outputs);
+`*_fixed_c` are the same two with the channel count compiled in (the `fixed_c` knob,
+default 32: every Deformable-DETR and BEVFormer configuration has 256 channels over 8
+heads), used when C matches.
+  CPU (cpu_backward_compute): ONE pass over the samples computes all three
+      outputs. Owner computes: a parallel task owns a (batch, head) slice of
+      grad_value (rows of one (b, h) only receive samples of that (b, h)), walks
+      its samples level by level in (q, p) order and, per corner row, does the scatter
+      grad_value[row] += w_k a g and the dot d_k = sum_c g v_k in the same
+      vectorised channel loop; then grad_attn = sum_k w_k d_k and
+      grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the SPEC_NOTES
+      formulas regrouped per corner). Deterministic, no atomics on the data (the
+      slices are handed out to the cores one at a time by a counter, task_queue).
+      `backward_private` works on a contiguous [K, C] copy of the slice (picked by
+      shape, policy_llvm); `backward` zero-fills grad_value in one parallel pass
+      first. The kernel is written in its scheduled form: TensorIR's block rules
+      cannot fuse the scatter (a reduction block with an init) with the per-sample
+      channel dots, and the fused pass is what makes it fast (each random row is
+      read once, not twice).
+  CUDA (cuda_backward_compute, scheduled in schedules/): the same TensorIR blocks
+      as two nests (corner + scatter with atomicAdd; corner + corner_dot +
+      finalize) in one function, which TVM launches as two kernels; both names
+      hold it.
+im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
+on it, so the kernels ignore it (checked on the host).
+
+Precision: the sampling position is computed as the exact loc * h_l - 0.5
+rounded once to float32 (see _corner_macro: on the CPU one fused multiply-add, on CUDA
+through float64); the channel dots and the grad_value accumulation are float32, in a
+fixed order per (b, h) slice.
+
+Safety: every value / grad_value access is guarded by corner validity AND
+0 <= row < K, so any finite sampling location, and inconsistent
+level_start_index values, never touch memory outside the tensors. NaN / Inf
+locations fail the strict validity test: such samples get zero gradients and
+contribute nothing (not supported by the spec, but safe).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import BadParamError
+from ..base import Operator
+from . import schedule
+from .compute import KERNELS, cpu_backward_compute, cuda_backward_compute
+
+
+def policy_llvm(sizes: dict, plan: dict) -> bool:
+    """True: use the `backward_private` CPU kernel. The private [K, C] slice costs a
+    copy of the value slice per (b, h) (and replaces the zero-fill by a write-back); it
+    pays off only when the slice receives many samples (BEVFormer: Q*L*P = 309k per
+    slice vs K = 31k rows; the Deformable-DETR decoder case: 3.6k samples vs K = 40k)."""
+    mode = plan["private_slice"]
+    if mode in ("always", "never"):
+        return mode == "always"
+    samples = sizes["Q"] * sizes["L"] * sizes["P"]
+    return samples >= plan["private_min_ratio"] * sizes["K"]
+
+
+def cpu_kernel(sizes: dict, plan: dict) -> str:
+    """Which CPU kernel a call runs, from its sizes and its library's plan."""
+    name = "backward_private" if policy_llvm(sizes, plan) else "backward"
+    return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
+
+
+class MsDeformAttnBackward(Operator):
+    name = "ms_deform_attn_backward"
+    # all four names in every library (the loader asks for all): on CUDA they are the
+    # same kernel
+    kernel_names = KERNELS
+    recipe = schedule
+
+    def rules(self, problem):
+        op, sizes = self.name, problem.sizes
+        step, batch = problem.params["im2col_step"], sizes["B"]
+        if batch > 0:  # B == 0 is the zero-element rule's BAD_PARAM
+            im2col = min(batch, step)
+            if batch % im2col:
+                raise BadParamError(f"{op}: im2col_step: min(B, im2col_step) = {im2col} must divide "
+                                    f"value.shape[0] (B) = {batch}, got im2col_step={step}")
+        shapes = _host_int64(problem.inputs["spatial_shapes"].value)
+        if (shapes < 0).any():
+            raise BadParamError(f"{op}: spatial_shapes must be non-negative (h, w) pairs, got "
+                                f"{shapes.tolist()}")
+        total = int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
+        if total != sizes["K"]:
+            raise BadParamError(f"{op}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
+                                f"{total}, got {sizes['K']}")
+
+    # --- kernels ------------------------------------------------------------
+    def plan(self, model, knobs):
+        plan = dict(knobs)
+        if model.kind == "llvm":
+            plan["lanes"] = model.lanes("float32")
+        return plan
+
+    def computes(self, dtype, plan, model):
+        if model.kind == "llvm":
+            fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under both names)
+            return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name, int(plan["prefetch"]),
+                                               fixed if name.endswith("_fixed_c") else None,
+                                               int(plan["prefetch_near_kb"]))
+                    for name in KERNELS}
+        return {name: cuda_backward_compute(dtype) for name in KERNELS}
+
+    def zeroed(self, problem, plan):
+        return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it
+
+    def launch(self, kernels, problem, tensors):
+        # on CUDA every name holds the same kernel
+        name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else "backward"
+        # the CPU kernels write every element of the three outputs (np.empty is fine)
+        kernels[name](*(tensors[k] for k in (
+            "value", "spatial_shapes", "level_start_index", "sampling_loc", "attn_weight", "grad_output",
+            "grad_value", "grad_sampling_loc", "grad_attn_weight")))
+
+
+def _host_int64(value) -> np.ndarray:
+    """A small int tensor (numpy or torch, any device) as int64 numpy, shape [L, 2]."""
+    if not isinstance(value, np.ndarray):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, np.int64).reshape(-1, 2)
+
+
+OP = MsDeformAttnBackward()
+
+
+def ms_deform_attn_backward(value, spatial_shapes, level_start_index, sampling_loc, attn_weight,
+                            grad_output, im2col_step=64, *, target="llvm", out=None):
+    """Backward of multi-scale deformable attention: (grad_value, grad_sampling_loc,
+    grad_attn_weight).
+
+    value [B, K, H, C] float32; spatial_shapes [L, 2] int32 (h, w) with
+    K == sum(h*w); level_start_index [L] int32; sampling_loc [B, Q, H, L, P, 2]
+    (x, y in [0, 1]; any finite value is safe, samples outside are skipped);
+    attn_weight [B, Q, H, L, P]; grad_output [B, Q, H, C]. im2col_step only chunks
+    the batch in mmcv: min(B, im2col_step) must divide B; the result does not
+    depend on it. numpy in -> numpy out; torch in -> torch out. `out=` is a triple
+    of caller buffers (None entries allowed).
+    """
+    if out is None:
+        out = (None, None, None)
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise BadParamError(f"ms_deform_attn_backward: out must be a triple (grad_value, grad_sampling_loc, "
+                            f"grad_attn_weight) of buffers or None, got {type(out).__name__}")
+    names = ("grad_value", "grad_sampling_loc", "grad_attn_weight")
+    return OP.call({"value": value, "spatial_shapes": spatial_shapes, "level_start_index": level_start_index,
+                    "sampling_loc": sampling_loc, "attn_weight": attn_weight, "grad_output": grad_output},
+                   {"im2col_step": im2col_step}, target, dict(zip(names, out)))

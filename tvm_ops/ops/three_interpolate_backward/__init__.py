@@ -1,0 +1,58 @@
+"""three_interpolate_backward (PointNet++).
+
+grad_features[b, c, m] = sum over (n, k) with indices[b, n, k] == m of
+grad_output[b, c, n] * weights[b, n, k]; indices outside [0, M) contribute
+nothing. Contract: specs/three_interpolate_backward.yaml.
+
+The compute is mlu-ops' owner-computes plan written as TensorIR: an owner is a
+(batch, M-block, C-block) tile of grad_features that accumulates in a float32
+on-chip tile while walking all of N, so owners never write the same element.
+"""
+
+from __future__ import annotations
+
+from ... import policy
+from ..base import Operator
+from . import schedule
+from .compute import tiled_compute
+
+
+class ThreeInterpolateBackward(Operator):
+    name = "three_interpolate_backward"
+    kernel_names = ("three_interpolate_backward",)
+    recipe = schedule  # the per-target recipes (schedule.llvm, schedule.cuda)
+
+    def plan(self, model, knobs):
+        c_tile, n_tile = int(knobs["c_tile"]), int(knobs["n_tile"])
+        budget = int(model.onchip_bytes * knobs["acc_budget"]) - n_tile * c_tile * 4
+        # acc[m_tile, c_tile] float32 takes the rest of the on-chip budget (mlu-ops deal_num).
+        m_tile = policy.deal_num(max(budget, 0), 1, 4 * c_tile, align=32)
+        if m_tile == 0:
+            raise ValueError(f"on-chip budget {model.onchip_bytes} B too small for c_tile={c_tile}")
+        if knobs.get("m_tile_max"):
+            m_tile = min(m_tile, int(knobs["m_tile_max"]))
+        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile,
+                "scope": "shared" if model.kind == "cuda" else "global"}
+
+    def computes(self, dtype, plan, model):
+        return {self.kernel_names[0]: tiled_compute(dtype, plan["m_tile"], plan["c_tile"],
+                                                    plan["n_tile"], plan["scope"])}
+
+    def launch(self, kernels, problem, tensors):
+        kernels[self.kernel_names[0]](tensors["grad_output"], tensors["indices"], tensors["weights"],
+                                      tensors["grad_features"])
+
+
+OP = ThreeInterpolateBackward()
+
+
+def three_interpolate_backward(grad_output, indices, weights, m=None, *, target="llvm", out=None):
+    """Gradient of three-NN interpolation: grad_features [B, C, M] from grad_output [B, C, N].
+
+    `indices` / `weights` are [B, N, 3] (int32 / the dtype of grad_output; float32 or
+    float16). Indices outside [0, m) contribute nothing. numpy in -> numpy out; torch in ->
+    torch out (zero-copy). `out=` writes into a caller buffer of shape [B, C, M], which
+    also gives `m` when it is omitted.
+    """
+    return OP.call({"grad_output": grad_output, "indices": indices, "weights": weights},
+                   {"m": m}, target, {"grad_features": out})

@@ -1,0 +1,48 @@
+"""Where things live: the operators' data files, the library cache, the build
+directories calls load from, and the tuning records.
+
+The directories are asked on every call; each is worked out once per value of
+the environment variables it depends on, so a change of them takes effect at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib import resources
+from pathlib import Path
+
+
+def data_file(folder: str, op: str):
+    """specs/<op>.yaml or schedules/<op>.yaml: package data of tvm_ops (a Traversable), so
+    it is found in an installed wheel as in a checkout."""
+    return resources.files(f"tvm_ops.{folder}").joinpath(f"{op}.yaml")
+
+
+def cache_dir() -> Path:
+    """Where built libraries go: $TVM_OPS_CACHE_DIR, else ~/.cache/tvm_ops."""
+    return _cache_dir(os.environ.get("TVM_OPS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"),
+                      os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_dir(explicit: str | None, xdg_cache_home: str | None, _home: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    return Path(xdg_cache_home or Path.home() / ".cache") / "tvm_ops"
+
+
+def search_dirs() -> list[Path]:
+    """Build directories to load from, in order: $TVM_OPS_BUILD_DIR (from `build --out`), the cache."""
+    dirs = [Path(os.environ["TVM_OPS_BUILD_DIR"])] if os.environ.get("TVM_OPS_BUILD_DIR") else []
+    return dirs + [cache_dir()]
+
+
+def records_path() -> Path:
+    """The tuning records: $TVM_OPS_RECORDS, else tuning.jsonl in the cache directory."""
+    return _records_path(os.environ.get("TVM_OPS_RECORDS"), cache_dir())
+
+
+@functools.lru_cache(maxsize=8)
+def _records_path(explicit: str | None, cache: Path) -> Path:
+    return Path(explicit) if explicit else cache / "tuning.jsonl"

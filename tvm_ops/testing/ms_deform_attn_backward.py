@@ -1,0 +1,155 @@
+"""ms_deform_attn_backward: inputs, float64 reference and PyTorch peer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import peer_tensor
+
+
+def make_inputs(case, dtype, rng):
+    s = case.shape
+    levels = np.asarray(case.extra.get("levels", [[1, s["K"]]] if s["L"] else []),
+                        np.int64).reshape(-1, 2)
+    hw = levels[:, 0] * levels[:, 1]
+    lsi = np.r_[0, np.cumsum(hw)][:len(levels)]
+    B, K, H, C, L, Q, P = (s[k] for k in "BKHCLQP")
+    loc_shape = (B, Q, H, L, P, 2)
+    if "loc_values" in case.extra:
+        loc = rng.choice(np.asarray(case.extra["loc_values"], np.float64), loc_shape)
+    else:
+        loc = rng.uniform(float(case.extra.get("loc_low", 0.0)), float(case.extra.get("loc_high", 1.0)), loc_shape)
+    inputs = {
+        "value": rng.standard_normal((B, K, H, C)).astype(dtype),
+        "spatial_shapes": levels.astype(np.int32),
+        "level_start_index": lsi.astype(np.int32),
+        "sampling_loc": loc.astype(dtype),
+        "attn_weight": rng.uniform(0, 1, (B, Q, H, L, P)).astype(dtype),
+        "grad_output": rng.standard_normal((B, Q, H, C)).astype(dtype),
+    }
+    return inputs, {"im2col_step": case.extra.get("im2col_step", 64)}
+
+
+def reference(inputs, params):
+    return gradients(*(inputs[k] for k in ("value", "spatial_shapes", "level_start_index",
+                                            "sampling_loc", "attn_weight", "grad_output")))
+
+
+def peers(inputs, params):
+    return {"torch": torch_peer(inputs, params)}
+
+
+def torch_peer(inputs, params):
+    """mmcv's multi_scale_deformable_attn_pytorch (grid_sample) forward, built once;
+    the callable runs its autograd backward."""
+    import torch
+
+    v = peer_tensor(inputs["value"]).requires_grad_(True)
+    lo = peer_tensor(inputs["sampling_loc"]).requires_grad_(True)
+    a = peer_tensor(inputs["attn_weight"]).requires_grad_(True)
+    shapes = [tuple(x) for x in np.asarray(inputs["spatial_shapes"]).tolist()]
+    out = _msda_pytorch(v, shapes, lo, a)
+    go = peer_tensor(inputs["grad_output"]).reshape(out.shape)
+
+    def run():
+        return torch.autograd.grad(out, (v, lo, a), go, retain_graph=True)
+
+    return run
+
+
+def _msda_pytorch(value, shapes, loc, attn):
+    import torch
+    import torch.nn.functional as F
+
+    bs, _, nh, C = value.shape
+    _, Q, _, L, P, _ = loc.shape
+    vl = value.split([int(h) * int(w) for h, w in shapes], dim=1)
+    grids = 2 * loc - 1
+    outs = []
+    for l, (h, w) in enumerate(shapes):
+        v = vl[l].flatten(2).transpose(1, 2).reshape(bs * nh, C, int(h), int(w))
+        gr = grids[:, :, :, l].transpose(1, 2).flatten(0, 1)
+        outs.append(F.grid_sample(v, gr, mode="bilinear", padding_mode="zeros", align_corners=False))
+    a = attn.transpose(1, 2).reshape(bs * nh, 1, Q, L * P)
+    o = (torch.stack(outs, dim=-2).flatten(-2) * a).sum(-1).view(bs, nh * C, Q)
+    return o.transpose(1, 2).contiguous()
+
+
+# --------------------------------------------------------------------------
+# reference (float64 numpy, from the SPEC_NOTES math; independent of the kernels)
+# --------------------------------------------------------------------------
+REFERENCE_CHUNK = 1 << 22  # samples x channels per step: bounds the reference's memory
+
+
+def gradients(value, spatial_shapes, level_start_index, sampling_loc, attn_weight, grad_output):
+    value = np.asarray(value, np.float64)
+    B, K, H, C = value.shape
+    _, Q, _, L, P, _ = np.shape(sampling_loc)
+    gv = np.zeros((B * K * H, C))
+    gloc = np.zeros((B, Q, H, L, P, 2))
+    gattn = np.zeros((B, Q, H, L, P))
+    out = {"grad_value": gv.reshape(value.shape), "grad_sampling_loc": gloc, "grad_attn_weight": gattn}
+    if min(B, Q, H, L, P, C, K) == 0:
+        return out
+    levels = np.asarray(spatial_shapes, np.int64).reshape(L, 2)
+    start = np.asarray(level_start_index, np.int64).reshape(L)
+    step = max(1, REFERENCE_CHUNK // max(1, H * L * P * C))
+    for b in range(B):
+        for q0 in range(0, Q, step):
+            q = slice(q0, min(Q, q0 + step))
+            _reference_chunk(value[b], levels, start, np.asarray(sampling_loc[b, q]),
+                             np.asarray(attn_weight[b, q], np.float64),
+                             np.asarray(grad_output[b, q], np.float64),
+                             gv.reshape(B, K * H, C)[b], gloc[b, q], gattn[b, q])
+    return out
+
+
+def _reference_chunk(value, levels, start, loc, attn, g, gv, gloc, gattn):
+    """One batch item, a block of queries: loc [q, H, L, P, 2], value [K, H, C], gv [K*H, C]."""
+    K, H, C = value.shape
+    L = len(levels)
+    hl = levels[:, 0].reshape(1, 1, L, 1)
+    wl = levels[:, 1].reshape(1, 1, L, 1)
+    st = start.reshape(1, 1, L, 1)
+    # The sampling position is computed in float32, as the kernels and mmcv do: it is
+    # the spec's input precision. It is the exact loc * h_l - 0.5 (exact in float64)
+    # rounded once to float32, as a fused multiply-add gives it (mmcv's CUDA build;
+    # the kernels do the same). A float64 position can pick a different cell near an
+    # integer boundary, where grad_sampling_loc is discontinuous. Everything after it
+    # accumulates in float64.
+    dt = loc.dtype
+    with np.errstate(invalid="ignore", over="ignore"):
+        h_im = (loc[..., 1].astype(np.float64) * hl - 0.5).astype(dt).astype(np.float64)
+        w_im = (loc[..., 0].astype(np.float64) * wl - 0.5).astype(dt).astype(np.float64)
+        inside = (h_im > -1) & (w_im > -1) & (h_im < hl) & (w_im < wl)
+    h_im = np.where(inside, h_im, 0.0)
+    w_im = np.where(inside, w_im, 0.0)
+    h_low, w_low = np.floor(h_im).astype(np.int64), np.floor(w_im).astype(np.int64)
+    lh, lw = h_im - h_low, w_im - w_low
+    hh, hw = 1 - lh, 1 - lw
+    shape = inside.shape  # [q, H, L, P]
+    head = np.broadcast_to(np.arange(H).reshape(1, H, 1, 1), shape)
+    gq = np.broadcast_to(g[:, :, None, None, :], shape + (C,))  # grad_output per sample
+    ga = gq * attn[..., None]
+    vflat = value.reshape(K * H, C)
+    vs = []
+    for dy, dx, weight in ((0, 0, hh * hw), (0, 1, hh * lw), (1, 0, lh * hw), (1, 1, lh * lw)):
+        y, x = h_low + dy, w_low + dx
+        row = st + y * wl + x
+        ok = inside & (y >= 0) & (y < hl) & (x >= 0) & (x < wl) & (row >= 0) & (row < K)
+        target = np.where(ok, row, 0) * H + head
+        vs.append(np.where(ok[..., None], vflat[target], 0.0))
+        t, contrib = target[ok], (weight[ok])[:, None] * ga[ok]
+        if t.size:
+            order = np.argsort(t, kind="stable")
+            ts = t[order]
+            starts = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
+            gv[ts[starts]] += np.add.reduceat(contrib[order], starts, axis=0)
+    v1, v2, v3, v4 = vs
+    e = lambda a: a[..., None]  # noqa: E731
+    val = e(hh * hw) * v1 + e(hh * lw) * v2 + e(lh * hw) * v3 + e(lh * lw) * v4
+    grad_h = -e(hw) * v1 - e(lw) * v2 + e(hw) * v3 + e(lw) * v4
+    grad_w = -e(hh) * v1 + e(hh) * v2 - e(lh) * v3 + e(lh) * v4
+    gattn[...] = np.where(inside, (gq * val).sum(-1), 0.0)
+    gloc[..., 0] = np.where(inside, wl * (grad_w * ga).sum(-1), 0.0)
+    gloc[..., 1] = np.where(inside, hl * (grad_h * ga).sum(-1), 0.0)

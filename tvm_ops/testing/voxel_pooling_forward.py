@@ -1,0 +1,76 @@
+"""voxel_pooling_forward: inputs, float64 reference and PyTorch peer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import peer_tensor
+
+
+def make_inputs(case, dtype, rng):
+    """Coordinates spill `spill` voxels beyond each x/y edge; a `z_out` fraction of the
+    points get z = Z or z = -1 (out of range)."""
+    s = case.shape
+    B, N, C, X, Y, Z = (s[k] for k in ("B", "N", "C", "X", "Y", "Z"))
+    spill = case.extra.get("spill", 0)
+    geom = np.empty((B, N, 3), np.int32)
+    geom[..., 0] = rng.integers(-spill, X + spill, (B, N))
+    geom[..., 1] = rng.integers(-spill, Y + spill, (B, N))
+    geom[..., 2] = rng.integers(0, max(Z, 1), (B, N))
+    z_out = rng.random((B, N)) < case.extra.get("z_out", 0.0)
+    geom[..., 2][z_out] = np.where(rng.random(int(z_out.sum())) < 0.5, Z, -1)
+    feat = rng.uniform(-1, 1, (B, N, C)).astype(dtype)
+    return ({"geom_xyz": geom, "input_features": feat},
+            {"num_voxel_x": X, "num_voxel_y": Y, "num_voxel_z": Z})
+
+
+def reference(inputs, params):
+    """float64, from the SPEC_NOTES math: kept mask, then a grouped sum per voxel."""
+    geom = np.asarray(inputs["geom_xyz"]).astype(np.int64)
+    feat = np.asarray(inputs["input_features"])
+    X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
+    B, N, C = feat.shape
+    kept = _kept(geom, X, Y, Z)
+    b = np.broadcast_to(np.arange(B)[:, None], (B, N))
+    memo = np.full((B, N, 3), -1, np.int64)
+    memo[kept] = np.stack([b[kept], geom[..., 1][kept], geom[..., 0][kept]], -1)
+    voxel = ((b * Y + geom[..., 1]) * X + geom[..., 0])[kept]
+    rows = feat[kept].astype(np.float64)
+    out = np.zeros((B * Y * X, C))
+    if voxel.size:
+        order = np.argsort(voxel, kind="stable")
+        voxel, rows = voxel[order], rows[order]
+        starts = np.flatnonzero(np.r_[True, voxel[1:] != voxel[:-1]])
+        out[voxel[starts]] = np.add.reduceat(rows, starts, axis=0)
+    return {"output_features": out.reshape(B, Y, X, C), "pos_memo": memo}
+
+
+def peers(inputs, params):
+    return {"torch": torch_peer(inputs, params)}
+
+
+def torch_peer(inputs, params):
+    """PyTorch eager from the same inputs: mask, voxel index, index_put_(accumulate=True), pos_memo."""
+    import torch
+
+    g = peer_tensor(inputs["geom_xyz"])
+    f = peer_tensor(inputs["input_features"])
+    X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
+    B, N, C = f.shape
+
+    def run():
+        x, y, z = g[..., 0], g[..., 1], g[..., 2]
+        kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
+        b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
+        voxel = (b.long() * Y + y.long()) * X + x.long()
+        out = torch.zeros(B * Y * X, C, dtype=f.dtype)
+        out.index_put_((voxel[kept],), f[kept], accumulate=True)
+        memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y, x], -1), torch.full((), -1, dtype=torch.int32))
+        return out.view(B, Y, X, C), memo
+
+    return run
+
+
+def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
+    x, y, z = geom[..., 0], geom[..., 1], geom[..., 2]
+    return (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
