@@ -61,3 +61,48 @@ def test_target_model_lanes_and_keys():
     assert cpu.key == "llvm-znver4-2c"
     assert gpu.key == "cuda-sm_90"
     assert gpu.lanes("float32") == 32
+
+
+# --- Policy: the inputs every plan() reads ------------------------------------------
+
+
+CPU = TargetModel("llvm", "znver4", "", 2, 1 << 20, 64)
+GPU = TargetModel("cuda", "", "sm_90", 132, 48 * 1024, 128)
+
+
+def test_for_target_takes_the_budget_from_the_named_memory():
+    cpu = policy.for_target(CPU, "l2")
+    assert (cpu.cores, cpu.budget, cpu.lanes, cpu.scope) == (2, 1 << 20, 16, "global")
+    gpu = policy.for_target(GPU, "shared")
+    assert (gpu.cores, gpu.budget, gpu.lanes, gpu.scope) == (132, 48 * 1024, 32, "shared")
+    assert policy.for_target(CPU).budget == policy.for_target(GPU, "none").budget == 0
+    for model, onchip in ((CPU, "shared"), (GPU, "l2"), (CPU, "nram")):
+        with pytest.raises(ValueError, match="onchip"):
+            policy.for_target(model, onchip)
+
+
+@given(st.integers(1, 1 << 22), st.sampled_from([0.25, 0.5, 0.75, 1.0]), st.integers(0, 1 << 16),
+       st.integers(1, 4), st.sampled_from([2, 4, 64, 256]), st.sampled_from([1, 16, 32]))
+def test_policy_deal_num_fits_the_budget_share(budget, fraction, reserved, buffers, itemsize, align):
+    pol = policy.Policy(2, budget, 16, "global")
+    n = pol.deal_num(fraction, reserved, buffers, itemsize, align)
+    assert n >= 0 and n % align == 0
+    assert reserved + n * buffers * itemsize <= max(int(budget * fraction), reserved)
+    if int(budget * fraction) - reserved >= 0:  # as many as fit: one more aligned step does not
+        assert reserved + (n + align) * buffers * itemsize > int(budget * fraction)
+
+
+@given(st.integers(1, 64), st.integers(1, 256))
+def test_tasks_per_item_gives_every_core_a_task(items, cores):
+    tasks = policy.tasks_per_item(items, cores)
+    assert tasks >= 1 and items * tasks >= cores
+    assert tasks == 1 or items * (tasks - 1) < cores  # no more cuts than needed
+
+
+def test_warps_are_whole_and_fit_a_block():
+    pol = policy.for_target(GPU)
+    assert [pol.warps(t) for t in (32, 128, 1024)] == [1, 4, 32]
+    for bad in (0, 48, 2048):
+        with pytest.raises(ValueError, match="multiple of 32"):
+            pol.warps(bad)
+    assert pol.vector(2) == 64 and policy.for_target(CPU).vector(2) == 32

@@ -2,10 +2,20 @@
 
 mlu-ops plans every kernel the same way: split the work evenly over taskDim
 cores with the remainder on the first cores, and size on-chip tiles from the
-NRAM budget (`deal_num`), aligned to the vector width. Nothing here imports TVM.
+NRAM budget (`deal_num`), aligned to the vector width. Every operator's plan()
+is written with `Policy` below, so it reads step by step against the policy
+function of the op's seed design. Nothing here imports TVM.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARP = 32  # CUDA threads in lock step: the vector a CUDA block computes with
+MAX_BLOCK_THREADS = 1024  # CUDA threads per block, every arch
+# The on-chip memory a schedule file may size tiles from (its `onchip` key): the
+# per-core L2 on a CPU, the shared memory of a CUDA block, or none (nothing staged).
+ONCHIP = ("l2", "shared", "none")
 
 
 def floor_align(value: int, align: int) -> int:
@@ -42,5 +52,49 @@ def deal_num(budget_bytes: int, buffers: int, itemsize: int, align: int) -> int:
     return floor_align(budget_bytes // (buffers * itemsize), align)
 
 
+def tasks_per_item(items: int, cores: int) -> int:
+    """Tasks to cut each of `items` into so that every core gets one: ceil(cores / items),
+    1 when items >= cores (the even split then needs no cut)."""
+    return max(1, ceil_div(cores, max(items, 1)))
+
+
 def clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What an mlu-ops policy function reads: taskDim, the NRAM budget, the NFU width."""
+
+    cores: int  # taskDim: CPU threads, or SMs
+    budget: int  # bytes of the named on-chip memory per core (CPU) or per block (CUDA); 0: none
+    lanes: int  # float32 lanes of one vector: a SIMD register, or a warp on CUDA
+    scope: str  # TIR storage scope of an on-chip tile ("global" on a CPU: the cache holds it)
+
+    def deal_num(self, fraction: float, reserved: int, buffers: int, itemsize: int, align: int) -> int:
+        """deal_num over `fraction` of the budget less `reserved` bytes (0 when nothing is left)."""
+        return deal_num(max(int(self.budget * fraction) - reserved, 0), buffers, itemsize, align)
+
+    def vector(self, registers: int = 1) -> int:
+        """Channels per step: `registers` whole vectors (NFU_ALIGN_NUM on an MLU)."""
+        return self.lanes * registers
+
+    def warps(self, threads: int) -> int:
+        """Warps of a `threads`-thread block: a whole number of warps, at most MAX_BLOCK_THREADS."""
+        if threads % WARP or not 0 < threads <= MAX_BLOCK_THREADS:
+            raise ValueError(f"threads must be a multiple of {WARP} up to {MAX_BLOCK_THREADS}, got {threads}")
+        return threads // WARP
+
+
+def for_target(model, onchip: str = "none") -> Policy:
+    """The policy inputs of `model` (a targets.TargetModel); `onchip` names the memory whose
+    size is the budget (a schedule file's `onchip` key): "l2" on a CPU, "shared" on CUDA."""
+    if onchip not in ONCHIP:
+        raise ValueError(f"onchip must be one of {', '.join(ONCHIP)}, got {onchip!r}")
+    home = "l2" if model.kind == "llvm" else "shared"
+    if onchip not in (home, "none"):
+        raise ValueError(f"onchip {onchip!r} does not exist on a {model.kind} target (it has {home!r})")
+    # TargetModel.onchip_bytes is that memory: the per-core L2, or the shared memory of a block
+    budget = model.onchip_bytes if onchip == home else 0
+    return Policy(model.cores, budget, model.lanes("float32"),
+                  "shared" if onchip == "shared" else "global")
