@@ -109,3 +109,25 @@ def test_schedule_file_parses_and_validates(tmp_path):
     path.write_text(SCHEDULE.split("cuda:")[0])
     with pytest.raises(SpecError, match=r"key 'cuda': missing"):
         schedule_file.parse(path, "demo_op")
+
+
+@pytest.mark.parametrize("edit, key", [
+    (("op: demo_op", "op: demo_op\nnotes: x"), "'notes'"),
+    (("  reduction: owner", "  reduction: owner\n  task_split: [B]"), "'llvm.task_split'"),
+    (("{default: 16, candidates: [8, 16]}", "{default: 16, candidates: [8, 16], unroll: k}"),
+     "'llvm.knobs.tile.unroll'"),
+    (("  reduction: atomic", "  reduction: atomic\n  onchip: nram"), "'cuda.onchip'"),
+])
+def test_schedule_file_rejects_unread_keys(tmp_path, edit, key):
+    path = tmp_path / "demo_op.yaml"
+    path.write_text(SCHEDULE.replace(*edit))
+    with pytest.raises(SpecError) as info:
+        schedule_file.parse(path, "demo_op")
+    assert "demo_op.yaml" in str(info.value) and key in str(info.value)
+
+
+def test_schedule_file_names_its_onchip_budget(tmp_path):
+    path = tmp_path / "demo_op.yaml"
+    path.write_text(SCHEDULE.replace("  reduction: atomic", "  reduction: atomic\n  onchip: shared"))
+    parsed = schedule_file.parse(path, "demo_op")
+    assert (parsed["llvm"].onchip, parsed["cuda"].onchip) == ("none", "shared")

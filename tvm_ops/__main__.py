@@ -154,7 +154,7 @@ def cmd_list(args) -> int:
     for op in all_operators():
         print(f"{op.name}: dtypes {', '.join(op.spec.float_dtypes)}; targets llvm, cuda")
         for kind, sched in op.schedules.items():
-            print(f"  schedule {kind}: reduction {sched.reduction}, hand-tuned knobs "
+            print(f"  schedule {kind}: reduction {sched.reduction}, on-chip {sched.onchip}, hand-tuned knobs "
                   + ", ".join(f"{k}={v}" for k, v in sched.defaults.items()))
         for dtype in op.spec.float_dtypes:  # what a call on this host would use
             variant = dispatch.default_variant(op, dtype, host)

@@ -1,8 +1,11 @@
-"""Per-target schedule descriptions, loaded from schedules/<op>.yaml.
+"""Per-target schedule settings, loaded from schedules/<op>.yaml.
 
-Each target section documents the plan (reduction strategy, task split,
-on-chip memory) and lists the tunable knobs with their default and candidate
-values. The recipe in tvm_ops/ops/<op>/schedule.py reads the knob values.
+Each target section holds only what code reads: the reduction strategy (`list`
+shows it), the policy input it overrides (`onchip`: the memory the plan sizes its
+tiles from, policy.ONCHIP; default none) and the tunable knobs with their default
+and candidate values, which the op's plan() and the recipe in
+tvm_ops/ops/<op>/schedule.py read. Any other key is an error, so nothing unread
+can sit in a file; explanations are YAML comments, measurements docs/kernels/.
 """
 
 from __future__ import annotations
@@ -13,18 +16,21 @@ from pathlib import Path
 
 import yaml
 
-from . import paths
+from . import paths, policy
 from .spec import SpecError
 from .targets import TARGET_KINDS
 
 REDUCTIONS = ("owner", "atomic", "private")
+FILE_KEYS = ("op",) + TARGET_KINDS
+SECTION_KEYS = ("reduction", "onchip", "knobs")
+KNOB_KEYS = ("default", "candidates")
 
 
 @dataclass(frozen=True)
 class TargetSchedule:
     target: str
     reduction: str
-    description: dict  # the rest of the section, for people and `list`
+    onchip: str  # the on-chip memory the plan sizes tiles from (policy.for_target)
     defaults: dict  # knob -> default value
     candidates: dict  # knob -> tuple of candidate values
 
@@ -35,9 +41,15 @@ def _section(path: Path, target: str, body) -> TargetSchedule:
 
     if not isinstance(body, dict):
         fail("", "expected a mapping")
+    for key in body:
+        if key not in SECTION_KEYS:
+            fail(key, f"unknown key (a target section holds {', '.join(SECTION_KEYS)})")
     reduction = body.get("reduction")
     if reduction not in REDUCTIONS:
         fail("reduction", f"expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    onchip = body.get("onchip", "none")
+    if onchip not in policy.ONCHIP:
+        fail("onchip", f"expected one of {', '.join(policy.ONCHIP)}, got {onchip!r}")
     knobs = body.get("knobs")
     if not isinstance(knobs, dict) or not knobs:
         fail("knobs", "expected a mapping of knob: {default, candidates}")
@@ -45,12 +57,14 @@ def _section(path: Path, target: str, body) -> TargetSchedule:
     for name, knob in knobs.items():
         if not isinstance(knob, dict) or "default" not in knob:
             fail(f"knobs.{name}", "expected {default: ..., candidates: [...]}")
+        for key in knob:
+            if key not in KNOB_KEYS:
+                fail(f"knobs.{name}.{key}", "unknown key (a knob holds default and candidates)")
         values = knob.get("candidates", [knob["default"]])
         if not isinstance(values, list) or knob["default"] not in values:
             fail(f"knobs.{name}.candidates", "expected a list that contains the default")
         defaults[name], candidates[name] = knob["default"], tuple(values)
-    description = {k: v for k, v in body.items() if k != "knobs"}
-    return TargetSchedule(target, reduction, description, defaults, candidates)
+    return TargetSchedule(target, reduction, onchip, defaults, candidates)
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,6 +83,9 @@ def parse(path: Path, op: str) -> dict:
         raise SpecError(f"{path.name}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict) or data.get("op") != op:
         raise SpecError(f"{path.name}: key 'op': must be {op!r}")
+    for key in data:
+        if key not in FILE_KEYS:
+            raise SpecError(f"{path.name}: key '{key}': unknown key (the file holds {', '.join(FILE_KEYS)})")
     missing = [t for t in TARGET_KINDS if t not in data]
     if missing:
         raise SpecError(f"{path.name}: key '{missing[0]}': missing (every target needs a section)")

@@ -43,7 +43,7 @@ values: an argmax outside [0, pool_size] and a sample outside [-1, H] x [-1, W] 
 positive comparisons, so NaN coordinates from NaN boxes or 0 * inf fail them) contribute 0
 at the safe corner (0, 0) on the CPU, and nothing on CUDA; a sample that passes the test has
 every corner inside the map, so its int casts are safe. Why this design:
-schedules/border_align_backward.yaml.
+docs/kernels/border_align_backward.md.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ S > 1 point ranges per batch (see point_splits()), `pool_split` (owner = batch x
 a private slice of the workspace range_sums [B, S, Y, X, C]) and `combine` (slices summed in
 the order s = 0..S-1) instead: deterministic for a given S, other bits than S = 1; with
 `algorithm: sort` `sort_points` and `segment_sum` instead (the BEVPool route; same bits as
-S = 1, measured slower: schedules/voxel_pooling_forward.yaml). Coordinates of any int32
+S = 1, measured slower: docs/kernels/voxel_pooling_forward.md). Coordinates of any int32
 value are tested before the store, so nothing outside output_features is ever written.
 
 - llvm (owner computes, no atomics): the scatter is written as a reduction
