@@ -106,3 +106,72 @@ def test_warps_are_whole_and_fit_a_block():
         with pytest.raises(ValueError, match="multiple of 32"):
             pol.warps(bad)
     assert pol.vector(2) == 64 and policy.for_target(CPU).vector(2) == 32
+
+
+# --- every operator's plan, in the policy's terms -------------------------------------
+
+
+def _models():
+    from tvm_ops import targets
+
+    return [targets.host_cpu(), targets.resolve("llvm:haswell"), targets.cuda("sm_80"), targets.cuda("sm_90")]
+
+
+def _plans(op_name):
+    """(model, knobs, plan or the exception) for the defaults and every candidate combination."""
+    import itertools
+
+    from tvm_ops.ops import get
+
+    op = get(op_name)
+    for model in _models():
+        sched = op.schedules[model.kind]
+        names = list(sched.candidates)
+        for values in [tuple(sched.defaults[n] for n in names), *itertools.product(*sched.candidates.values())]:
+            knobs = dict(zip(names, values))
+            try:
+                yield model, knobs, op.plan(model, knobs)
+            except ValueError as exc:
+                yield model, knobs, exc
+
+
+def test_three_interpolate_tiles_fill_the_onchip_budget():
+    for model, knobs, plan in _plans("three_interpolate_backward"):
+        budget = int(model.onchip_bytes * knobs["acc_budget"])
+        staged = knobs["n_tile"] * knobs["c_tile"] * 4  # go_t[No, Co] float32
+        row = knobs["c_tile"] * 4  # one acc row, Co float32
+        if isinstance(plan, Exception):  # refused only when not one 32-row block fits
+            assert staged + 32 * row > budget, (model.key, knobs)
+            continue
+        m = plan["m_tile"]
+        assert m > 0 and m % 32 == 0
+        assert m * row + staged <= budget  # acc + go_t within the share of the budget
+        cap = knobs.get("m_tile_max") or 0
+        assert m == cap if cap and staged + cap * row <= budget else staged + (m + 32) * row > budget
+        assert plan["scope"] == ("shared" if model.kind == "cuda" else "global")
+        assert (plan["c_tile"], plan["n_tile"]) == (knobs["c_tile"], knobs["n_tile"])
+
+
+def test_channel_steps_are_whole_vectors():
+    for model, knobs, plan in _plans("dynamic_scatter_backward"):
+        if model.kind == "cuda":
+            assert plan["threads_x"] == policy.WARP and plan["threads_x"] * plan["threads_y"] == knobs["threads"]
+        else:
+            assert plan["vec"] % model.lanes("float32") == 0
+            assert plan["vec"] == model.lanes("float32") * knobs["lanes_mult"]
+    for model, knobs, plan in _plans("voxel_pooling_forward"):
+        assert plan["vec"] == model.lanes("float32")  # one vector: a SIMD register, a warp on CUDA
+        if model.kind == "llvm":
+            assert plan["cores"] == model.cores and plan["point_splits"] == knobs["point_splits"]
+    for model, knobs, plan in _plans("ms_deform_attn_backward"):
+        assert plan.get("lanes") == (model.lanes("float32") if model.kind == "llvm" else None)
+
+
+def test_border_align_owners_are_whole_channel_groups():
+    for model, knobs, plan in _plans("border_align_backward"):
+        assert plan["owner_lanes"] % plan["channel_group"] == 0
+        if model.kind == "llvm":
+            assert plan["owner_lanes"] == knobs["owner_lanes"]
+            wide = model.lanes("float32") >= plan["channel_group"]
+            assert plan["corner_adds"] == (knobs["corner_adds"] if wide or knobs["corner_adds"] != "per_position"
+                                           else "per_sample")

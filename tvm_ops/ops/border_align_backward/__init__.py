@@ -48,6 +48,7 @@ docs/kernels/border_align_backward.md.
 
 from __future__ import annotations
 
+from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
 from . import compute, schedule
@@ -73,11 +74,19 @@ class BorderAlignBackward(Operator):
                                 f"got {s['H']} * {s['W']} = {s['H'] * s['W']}")
 
     def plan(self, model, knobs):
+        """The seed's policy (../shared/seeds/border_align_backward.md, 3.2), step by step.
+
+        Task split: the seed splits the N*K*4 borders evenly over taskDim; here a task is an
+        owner (n, border, owner_lanes channels), handed out by the shared task counter on the
+        CPU (ops/task_queue.py), and one thread per (n, k, border, channel) on CUDA."""
+        pol = policy.for_target(model)
+        # deal_num, the channels of one pass: owner_lanes (V), in whole channel groups of 16
+        # (one AVX-512 float32 vector); its private tile [H, W, V] float32 stays in L2
         plan = {"channel_group": CHANNEL_GROUP, **knobs}
         if model.kind == "cuda":
             plan["owner_lanes"] = CHANNEL_GROUP  # the CUDA kernels split C at 16 (main | tail)
-        elif plan.get("corner_adds") == "per_position" and model.vector_bytes < 64:
-            plan["corner_adds"] = "per_sample"  # its lookup is AVX-512's 16-lane vpermps
+        elif plan.get("corner_adds") == "per_position" and pol.lanes < CHANNEL_GROUP:
+            plan["corner_adds"] = "per_sample"  # its lookup is one 16-lane vector (vpermps)
         return plan
 
     def computes(self, dtype, plan, model):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import policy
 from ...errors import BadParamError
 from ...interop import zero as _zero
 from ..base import Operator
@@ -69,13 +70,17 @@ class DynamicScatterBackward(Operator):
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
+        """The seed's policy (../shared/seeds/dynamic_scatter_backward.md, 3.3), step by step.
+
+        The seed splits the points (traceback) and the voxels (scatter) evenly over the cores;
+        here the CPU's parallel loops and the CUDA grid do that split, and the plan sizes
+        the channel step. Nothing is staged on chip: reduce_from[M, C] stays in memory."""
+        pol = policy.for_target(model)
         if model.kind == "cuda":
-            threads = int(knobs["threads"])
-            if threads % 32 or threads > 1024:
-                raise ValueError(f"threads must be a multiple of 32 up to 1024, got {threads}")
-            return {"threads_x": 32, "threads_y": threads // 32}
-        # channels per owner step: whole SIMD registers (the NFU width x lanes_mult)
-        return {"vec": model.lanes("float32") * int(knobs["lanes_mult"]),
+            # a warp of consecutive channels (coalesced) x threads / 32 rows per block
+            return {"threads_x": policy.WARP, "threads_y": pol.warps(int(knobs["threads"]))}
+        # channels per owner step: lanes_mult whole SIMD registers (the NFU alignment)
+        return {"vec": pol.vector(int(knobs["lanes_mult"])),
                 "unroll_points": int(knobs["unroll_points"])}
 
     def computes(self, dtype, plan, model):

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
 from . import schedule
@@ -101,9 +102,18 @@ class MsDeformAttnBackward(Operator):
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
+        """The seed's policy (../shared/seeds/ms_deform_attn_backward.md, 3.2-3.3), step by step.
+
+        Task split: the seed splits B*Q*H*L evenly over taskDim and adds with atomics; the CPU
+        owner is a (b, h) slice of grad_value, handed out by the shared task counter
+        (ops/task_queue.py), so no atomics; CUDA blocks cover (Q, B, H / threads_h)."""
+        pol = policy.for_target(model)
         plan = dict(knobs)
         if model.kind == "llvm":
-            plan["lanes"] = model.lanes("float32")
+            # deal_num over C: the channel loop in whole float32 vectors, C % lanes scalar
+            plan["lanes"] = pol.lanes
+        # (CUDA: a block is threads_c channels x threads_h heads; the corner rows and
+        # weights stay in registers, nothing is staged in shared memory)
         return plan
 
     def computes(self, dtype, plan, model):

@@ -23,16 +23,21 @@ class ThreeInterpolateBackward(Operator):
     recipe = schedule  # the per-target recipes (schedule.llvm, schedule.cuda)
 
     def plan(self, model, knobs):
+        """The seed's policy (../shared/seeds/three_interpolate_backward.md, 3.3), step by step."""
+        # budget: the on-chip memory the schedule file names (L2 per core; shared per block)
+        pol = policy.for_target(model, self.schedules[model.kind].onchip)
+        # Co and No: the knobs; go_t[No, Co] float32 is staged first (the seed sizes N first)
         c_tile, n_tile = int(knobs["c_tile"]), int(knobs["n_tile"])
-        budget = int(model.onchip_bytes * knobs["acc_budget"]) - n_tile * c_tile * 4
-        # acc[m_tile, c_tile] float32 takes the rest of the on-chip budget (mlu-ops deal_num).
-        m_tile = policy.deal_num(max(budget, 0), 1, 4 * c_tile, align=32)
+        # Mo = deal_num: acc[Mo, Co] float32 rows from the rest of acc_budget x budget, in
+        # whole blocks of 32 rows (a warp of rows on CUDA, whole SIMD vectors on every CPU)
+        m_tile = pol.deal_num(knobs["acc_budget"], n_tile * c_tile * 4, 1, 4 * c_tile, align=32)
         if m_tile == 0:
-            raise ValueError(f"on-chip budget {model.onchip_bytes} B too small for c_tile={c_tile}")
-        if knobs.get("m_tile_max"):
+            raise ValueError(f"on-chip budget {pol.budget} B too small for c_tile={c_tile}")
+        if knobs.get("m_tile_max"):  # CUDA: cap Mo so more, smaller owners keep more warps busy
             m_tile = min(m_tile, int(knobs["m_tile_max"]))
-        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile,
-                "scope": "shared" if model.kind == "cuda" else "global"}
+        # task split: the B x ceil(M / Mo) x ceil(C / Co) owners go to the cores (TVM's parallel
+        # loop on the CPU, one block each on CUDA); the tiles live in the policy's scope
+        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope}
 
     def computes(self, dtype, plan, model):
         return {self.kernel_names[0]: tiled_compute(dtype, plan["m_tile"], plan["c_tile"],

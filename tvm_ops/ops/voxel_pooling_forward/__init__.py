@@ -34,6 +34,7 @@ value are tested before the store, so nothing outside output_features is ever wr
 
 from __future__ import annotations
 
+from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
 from . import compute, schedule
@@ -47,8 +48,8 @@ def point_splits(sizes: dict, plan: dict) -> int:
     Capped at N (a range holds at least one point) and so that the workspace stays below
     2^31 elements, like every tensor the int32-indexed kernels touch."""
     splits = plan.get("point_splits", 1)
-    if splits == "auto":
-        splits = -(-plan["cores"] // sizes["B"])
+    if splits == "auto":  # the policy's task split: B batches cut so that every core has a task
+        splits = policy.tasks_per_item(sizes["B"], plan["cores"])
     grid = sizes["B"] * sizes["Y"] * sizes["X"] * sizes["C"]
     return max(1, min(int(splits), sizes["N"], (2**31 - 1) // grid))
 
@@ -60,14 +61,24 @@ class VoxelPoolingForward(Operator):
     recipe = schedule
 
     def plan(self, model, knobs):
+        """The seed's policy (../shared/seeds/voxel_pooling_forward.md, 3.1), step by step.
+
+        Nothing is staged on chip (the seed's NRAM point and channel buffers are registers
+        and the caches here), so the plan is a task split and a vector width."""
+        pol = policy.for_target(model)
         if model.kind == "cuda":
+            # one thread per (point, channel), channels split at a warp (main | tail kernel);
+            # blocks of `threads` over the fused (n, c), `memo_threads` over pos_memo's points
             return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
-        # V = one SIMD register of float32 (16 on AVX-512, 8 on AVX2)
+        # task split: a task owns a batch (x c_vecs_per_task vectors of channels when > 0) x
+        # one of S point ranges; S = point_splits(), "auto" = ceil(taskDim / B) at launch
         splits = knobs["point_splits"]
         if splits != "auto" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
             raise ValueError(f"point_splits must be 'auto' or a positive integer, got {splits!r}")
-        return {"vec": max(model.vector_bytes // 4, 4), "algorithm": knobs["algorithm"],
-                "point_splits": splits, "cores": model.cores,
+        # V: the channels of one step, one float32 vector (16 on AVX-512, 8 on AVX2);
+        # memo_chunk: pos_memo's points per task (the seed's nram_limit_pt_num)
+        return {"vec": pol.vector(), "algorithm": knobs["algorithm"],
+                "point_splits": splits, "cores": pol.cores,
                 "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
                 "memo_chunk": int(knobs["memo_chunk"]), "unroll_points": int(knobs["unroll_points"])}
 
