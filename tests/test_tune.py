@@ -126,7 +126,8 @@ def sabotage(monkeypatch, knob: str, value, mutate) -> None:
         return tvm.IRModule({gv.name_hint: f.with_body(mutate(f)) for gv, f in module.functions.items()})
 
     def key(self):
-        return real_key(self) + ("-sabotaged" if self.knobs.get(knob) == value else "")
+        # one key per mutation: a library cached by one sabotage must not serve another
+        return real_key(self) + (f"-sabotaged-{mutate.__name__}" if self.knobs.get(knob) == value else "")
 
     monkeypatch.setattr(build.Variant, "scheduled_module", scheduled_module)
     monkeypatch.setattr(build.Variant, "key", property(key))
