@@ -95,7 +95,9 @@ def cmd_bench(args) -> int:
 def cmd_tune(args) -> int:
     from . import records, targets
     from .ops import get
-    from .tuning import tune
+    from .tuning import require_extras, tune
+
+    require_extras()
 
     op = get(args.op)
     from .errors import BadParamError
