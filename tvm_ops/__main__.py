@@ -74,6 +74,8 @@ def cmd_bench(args) -> int:
 
     model = targets.resolve(args.target)
     targets.require_runnable(model)
+    if args.overhead:
+        return _overhead(args, model)
     bandwidth = bench.stream_bandwidth(model)
     peak = bench.peak_flops(model)
     print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
@@ -89,6 +91,20 @@ def cmd_bench(args) -> int:
                 print(line.text(), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(bench.as_json(lines, bandwidth, model), indent=2))
+    return 0
+
+
+def _overhead(args, model) -> int:
+    """`bench --overhead`: host time of a repeated tiny public call per operator."""
+    from . import overhead
+    from .errors import NotSupportedError
+
+    if model.kind != "llvm":
+        raise NotSupportedError("bench --overhead measures the CPU call path (target llvm)")
+    print(f"# host time per repeated call, best of {args.blocks} blocks of {args.calls} calls; "
+          "(+x) = call - kernels alone")
+    for op in _ops(args.op):
+        print(overhead.overhead(op, args.calls, args.blocks, not args.no_peer).text(), flush=True)
     return 0
 
 
@@ -202,6 +218,11 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--repeat", type=int, default=10, help="timed runs per case (median reported)")
     m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
     m.add_argument("--json", help="also write the results to this JSON file")
+    m.add_argument("--overhead", action="store_true",
+                   help="instead: host time of a repeated tiny call per operator (numpy and torch, with "
+                        "and without out=), against its kernels alone and the PyTorch peer")
+    m.add_argument("--calls", type=int, default=1000, help="--overhead: calls per block")
+    m.add_argument("--blocks", type=int, default=5, help="--overhead: blocks (the best is reported)")
     m.set_defaults(func=cmd_bench)
 
     u = sub.add_parser("tune", help="search the schedule knobs of one operator; records the trials")

@@ -9,6 +9,8 @@ torch tensors through DLPack).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,11 +62,12 @@ def describe(name: str, value) -> TensorInfo:
 
 def contiguous(info: TensorInfo):
     """The tensor's data, C-contiguous (copied only when it is not)."""
-    if info.contiguous:
-        return info.value
-    if info.kind == "torch":
-        return info.value.contiguous()
-    return np.ascontiguousarray(info.value)
+    return info.value if info.contiguous else make_contiguous(info.value)
+
+
+def make_contiguous(value):
+    """A C-contiguous copy of a numpy array or torch tensor."""
+    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value.contiguous()
 
 
 def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool):
@@ -85,3 +88,41 @@ def zero(array) -> None:
         array.fill(0)
     else:
         array.zero_()
+
+
+def signature(value):
+    """A hashable summary of what the checks and the kernel choice read of a tensor argument
+    (its kind, shape, dtype, strides, device and writability), or of a scalar argument; None
+    when the argument has none (the call then takes the checked path every time)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return type(value), value
+    if type(value) is np.ndarray:
+        return np.ndarray, value.shape, value.dtype, value.strides, value.flags.writeable
+    if _is_torch(value):
+        return "torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad
+    return None
+
+
+_host_copies: dict = {}  # id(device tensor) -> (its version, host value); dropped when it dies
+_host_copies_lock = threading.Lock()
+
+
+def host_values(value, convert):
+    """convert(the tensor's values as numpy): read on every call for host tensors (cheap: small
+    tensors); for a device tensor once per tensor object and version (torch's counter of
+    in-place changes), so repeated calls with the same tensor never copy it to the host."""
+    if isinstance(value, np.ndarray):
+        return convert(value)
+    if value.device.type == "cpu":
+        return convert(value.detach().numpy())
+    key = id(value)
+    with _host_copies_lock:
+        cached = _host_copies.get(key)
+    if cached is not None and cached[0] == value._version:
+        return cached[1]
+    result = convert(value.detach().cpu().numpy())  # the one synchronisation per tensor and version
+    with _host_copies_lock:
+        if key not in _host_copies:
+            weakref.finalize(value, _host_copies.pop, key, None)
+        _host_copies[key] = (value._version, result)
+    return result

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import interop
 from ...errors import BadParamError
 from ..base import Operator
 from . import schedule
@@ -90,14 +91,16 @@ class MsDeformAttnBackward(Operator):
             if batch % im2col:
                 raise BadParamError(f"{op}: im2col_step: min(B, im2col_step) = {im2col} must divide "
                                     f"value.shape[0] (B) = {batch}, got im2col_step={step}")
-        shapes = _host_int64(problem.inputs["spatial_shapes"].value)
-        if (shapes < 0).any():
-            raise BadParamError(f"{op}: spatial_shapes must be non-negative (h, w) pairs, got "
-                                f"{shapes.tolist()}")
-        total = int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
-        if total != sizes["K"]:
-            raise BadParamError(f"{op}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
-                                f"{total}, got {sizes['K']}")
+
+    def value_rules(self, problem, inputs):
+        # K == sum(h*w): read on the host for host tensors, once per tensor for CUDA ones (the
+        # kernels guard every row by 0 <= row < K, so inconsistent values stay memory-safe)
+        negative, total = interop.host_values(inputs["spatial_shapes"], _level_problems)
+        if negative is not None:
+            raise BadParamError(f"{self.name}: spatial_shapes must be non-negative (h, w) pairs, got {negative}")
+        if total != problem.sizes["K"]:
+            raise BadParamError(f"{self.name}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
+                                f"{total}, got {problem.sizes['K']}")
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
@@ -127,11 +130,11 @@ class MsDeformAttnBackward(Operator):
             "grad_value", "grad_sampling_loc", "grad_attn_weight")))
 
 
-def _host_int64(value) -> np.ndarray:
-    """A small int tensor (numpy or torch, any device) as int64 numpy, shape [L, 2]."""
-    if not isinstance(value, np.ndarray):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, np.int64).reshape(-1, 2)
+def _level_problems(values: np.ndarray):
+    """(the pairs if any is negative else None, sum(h*w)) of spatial_shapes' values."""
+    shapes = np.asarray(values, np.int64).reshape(-1, 2)
+    negative = shapes.tolist() if (shapes < 0).any() else None
+    return negative, int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
 
 
 OP = MsDeformAttnBackward()
