@@ -170,3 +170,27 @@ def test_the_overhead_bench_reports_every_call_kind():
     assert line.kernels_us > 0 and set(line.calls_us) == set(line.host_us)
     assert {"numpy out=", "numpy"} <= set(line.calls_us)
     assert all(0 < line.host_us[k] for k in line.calls_us)
+
+
+def test_an_out_buffer_that_aliases_an_input_is_refused():
+    op = get("ms_deform_attn_backward")
+    inputs, params = generated(op, first_ok(op))
+    for _ in range(2):  # the checked call and the repeated one
+        with pytest.raises(tvm_ops.BadParamError, match="shares memory with value"):
+            tvm_ops.ms_deform_attn_backward(**inputs, **params, out=(inputs["value"], None, None))
+    # two outputs that share one element
+    value_shape, attn_shape = inputs["value"].shape, inputs["attn_weight"].shape
+    n_value, n_attn = int(np.prod(value_shape)), int(np.prod(attn_shape))
+    buffer = np.empty(n_value + n_attn, np.float32)
+    grad_value = buffer[:n_value].reshape(value_shape)
+    grad_attn = buffer[n_value - 1:n_value - 1 + n_attn].reshape(attn_shape)
+    with pytest.raises(tvm_ops.BadParamError, match="out\\['grad_value'\\] shares memory with grad_attn_weight"):
+        tvm_ops.ms_deform_attn_backward(**inputs, **params, out=(grad_value, None, grad_attn))
+
+
+@pytest.mark.parametrize("value", [2**31, 2**32 + 10, 2**40])
+def test_integer_parameters_beyond_int32_are_refused(value):
+    op = get("border_align_backward")
+    inputs, params = generated(op, first_ok(op))
+    with pytest.raises(tvm_ops.BadParamError, match="must be <= 2147483647"):
+        op.call(inputs, dict(params, pool_size=value), "llvm", {})

@@ -17,6 +17,7 @@ from .errors import BadParamError, NotSupportedError
 from .spec import OpSpec
 
 LARGE_TENSOR = 2**31
+INT32_MAX = 2**31 - 1  # integer parameters reach the kernels as int32
 
 
 @dataclass
@@ -44,6 +45,8 @@ def _int_param(op: str, name: str, value, minimum: int) -> int:
         raise BadParamError(f"{op}: {name} must be an integer, got {value!r}")
     if value < minimum:
         raise BadParamError(f"{op}: {name} must be >= {minimum}, got {value}")
+    if value > INT32_MAX:
+        raise BadParamError(f"{op}: {name} must be <= {INT32_MAX} (an int32 in the kernels), got {value}")
     return int(value)
 
 

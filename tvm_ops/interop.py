@@ -126,3 +126,22 @@ def host_values(value, convert):
             weakref.finalize(value, _host_copies.pop, key, None)
         _host_copies[key] = (value._version, result)
     return result
+
+
+def overlaps(a, b) -> bool:
+    """Whether two tensors of one kind may share memory (their byte ranges intersect)."""
+    if isinstance(a, np.ndarray):
+        return np.may_share_memory(a, b)
+    if a.device != b.device:
+        return False
+    return _torch_start(a) < _torch_end(b) and _torch_start(b) < _torch_end(a)
+
+
+def _torch_start(t) -> int:
+    return t.data_ptr() + sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.stride())) * t.element_size()
+
+
+def _torch_end(t) -> int:
+    if t.numel() == 0:
+        return _torch_start(t)
+    return t.data_ptr() + (sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()

@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 
 from . import checks, interop
+from .errors import BadParamError
 
 
 class Invocation:
@@ -80,6 +81,8 @@ class CallPlan:
         op, problem = self.op, self.problem
         op.value_rules(problem, inputs)
         outputs = {name: value for name, value in out.items() if value is not None}
+        if outputs:
+            _refuse_aliases(op.name, inputs, outputs)
         for name, shape, dtype in self.new_outputs:
             outputs[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=problem.empty)
         if problem.empty:  # nothing to compute: the outputs are zeros
@@ -96,6 +99,18 @@ class CallPlan:
             interop.zero(tensors[name])
         op.launch(self.kernels, problem, tensors)
         return returned(op, outputs)
+
+
+def _refuse_aliases(op_name: str, inputs: dict, outputs: dict) -> None:
+    """BadParamError when an out= buffer shares memory with an input or another output: the
+    kernels read their inputs while writing their outputs, so an alias gives wrong results."""
+    given = list(outputs.items())
+    for i, (name, value) in enumerate(given):
+        others = list(inputs.items()) + given[i + 1:]
+        for other, tensor in others:
+            if tensor is not None and interop.overlaps(value, tensor):
+                raise BadParamError(f"{op_name}: out[{name!r}] shares memory with {other}; "
+                                    f"give an output buffer of its own")
 
 
 class CallCache:
