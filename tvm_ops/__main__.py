@@ -47,10 +47,21 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _require_case(ops: list, name: str | None) -> None:
+    """BadParamError when --case names no case of the selected operators."""
+    from .errors import BadParamError
+
+    if name is not None and not any(c.name == name for op in ops for c in op.spec.cases):
+        raise BadParamError(f"no spec case named {name!r} in {', '.join(op.name for op in ops)}; "
+                            f"see `python -m tvm_ops list`")
+
+
 def cmd_test(args) -> int:
     from . import runner, targets
 
     model = targets.resolve(args.target)
+    targets.require_runnable(model)  # the cases run here: say so before generating any input
+    _require_case(_ops(args.op), args.case)
     failures = 0
     print(f"{'op':28s} {'case':26s} {'dtype':8s} {'diff1':>9s} {'diff2':>9s} {'diff3':>9s} {'diff4':>6s}  verdict")
     for op in _ops(args.op):
@@ -76,6 +87,7 @@ def cmd_bench(args) -> int:
     targets.require_runnable(model)
     if args.overhead:
         return _overhead(args, model)
+    _require_case(_ops(args.op), args.case)
     bandwidth = bench.stream_bandwidth(model)
     peak = bench.peak_flops(model)
     print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"

@@ -28,6 +28,13 @@ class TensorInfo:
     contiguous: bool
     kind: str  # "numpy" or "torch"
     device: str  # "cpu" or "cuda"
+    native: bool = True  # numpy: native byte order (DLPack takes no other)
+    writeable: bool = True  # numpy: not read-only (DLPack exports no read-only array)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the kernels can take the tensor as it is (else contiguous() copies it)."""
+        return self.contiguous and self.native and self.writeable
 
 
 def _is_torch(value) -> bool:
@@ -48,7 +55,8 @@ def describe(name: str, value) -> TensorInfo:
         raise BadParamError(f"{name} is missing (got None)")
     if isinstance(value, np.ndarray):
         return TensorInfo(name, value, tuple(value.shape), _DTYPE_NAMES.get(value.dtype) or value.dtype.name,
-                          bool(value.flags.c_contiguous), "numpy", "cpu")
+                          bool(value.flags.c_contiguous), "numpy", "cpu", value.dtype.isnative,
+                          bool(value.flags.writeable))
     if _is_torch(value):
         return TensorInfo(name, value, tuple(value.shape), _torch_dtype_name(value.dtype),
                           bool(value.is_contiguous()), "torch", value.device.type)
@@ -61,13 +69,31 @@ def describe(name: str, value) -> TensorInfo:
 
 
 def contiguous(info: TensorInfo):
-    """The tensor's data, C-contiguous (copied only when it is not)."""
-    return info.value if info.contiguous else make_contiguous(info.value)
+    """The tensor as the kernels take it: C-contiguous, native byte order, exportable through
+    DLPack (copied only when it is not)."""
+    return info.value if info.ready else make_contiguous(info.value)
 
 
 def make_contiguous(value):
-    """A C-contiguous copy of a numpy array or torch tensor."""
-    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value.contiguous()
+    """`value` ready for the kernels: a C-contiguous, native-order numpy array that DLPack
+    exports (a read-only input is passed as a view of its memory that is not marked
+    read-only: the kernels only read their inputs), or a contiguous torch tensor."""
+    if not isinstance(value, np.ndarray):
+        return value.contiguous()
+    value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
+    if not value.flags.writeable:
+        value = np.asarray(_Unmarked(value))
+    return value
+
+
+class _Unmarked:
+    """The array interface of a read-only array without its read-only mark (DLPack cannot
+    export read-only arrays); holds the array so its memory lives as long as the view."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        pointer, _read_only = array.__array_interface__["data"]
+        self.__array_interface__ = dict(array.__array_interface__, data=(pointer, False))
 
 
 def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool):

@@ -72,7 +72,7 @@ class CallPlan:
         self.op, self.problem, self.kernels = op, problem, kernels
         self.new_outputs = [(t.name, checks.output_shape(op.spec, t.name, problem.sizes), op.output_dtype(t, problem))
                             for t in op.spec.outputs if t.name not in problem.outs]
-        self.copied = [name for name, info in problem.inputs.items() if not info.contiguous]
+        self.copied = [name for name, info in problem.inputs.items() if not info.ready]
         if kernels is not None:
             self.workspaces = op.workspaces(problem, kernels.plan)
             self.zeroed = op.zeroed(problem, kernels.plan)
