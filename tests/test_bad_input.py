@@ -72,3 +72,25 @@ def test_test_command_for_cuda_without_a_gpu_says_arch_mismatch():
     done = cli("test", "--target", "cuda", "--op", "three_interpolate_backward")
     assert done.returncode == 2 and done.stderr.startswith("error [ARCH_MISMATCH]")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_large_copy_of_a_broadcast_input_is_logged(monkeypatch, caplog):
+    from tvm_ops import interop
+
+    monkeypatch.setattr(interop, "COPY_WARN_BYTES", 200)
+    broadcast = np.broadcast_to(GO[:, :1], (1, 40, 3))
+    with caplog.at_level("WARNING", logger="tvm_ops.interop"):
+        tvm_ops.three_interpolate_backward(broadcast, IDX, W, 2)
+    assert "copying a strided or broadcast input of shape [1, 40, 3]" in caplog.text
+
+
+def test_the_first_call_of_a_library_logs_its_build(tmp_path, monkeypatch, caplog):
+    from tvm_ops import dispatch
+
+    monkeypatch.setenv("TVM_OPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dispatch, "_loaded", {})
+    tvm_ops.clear_call_cache()
+    with caplog.at_level("INFO", logger="tvm_ops.dispatch"):
+        tvm_ops.three_interpolate_backward(GO, IDX, W, 2)
+    tvm_ops.clear_call_cache()
+    assert "building three_interpolate_backward-float32" in caplog.text and "first use" in caplog.text

@@ -33,14 +33,18 @@ def _size(text: str) -> tuple[str, int]:
 def cmd_build(args) -> int:
     from . import build, dispatch, paths, targets
 
+    from tqdm import tqdm
+
     model = targets.resolve(args.target)
-    out = Path(args.out) if args.out else paths.cache_dir()
-    for op in _ops(args.op):
-        for dtype in _dtypes(op, args.dtype):
-            for variant in dispatch.variants(op, dtype, model):  # hand-tuned, then each tuned shape class
-                start = time.perf_counter()
-                entry = build.build_entry(variant, out)
-                print(f"{op.name:28s} {dtype:8s} {model.key:18s} {variant.key}  "
+    out = Path(args.out) if args.out else paths.writable_cache_dir()
+    # hand-tuned, then each tuned shape class's best, per (op, dtype)
+    todo = [v for op in _ops(args.op) for dtype in _dtypes(op, args.dtype) for v in dispatch.variants(op, dtype, model)]
+    with tqdm(todo, unit="library", desc="build", disable=None) as bar:  # no bar when not a terminal
+        for variant in bar:
+            bar.set_postfix_str(f"{variant.op.name} {variant.dtype}")
+            start = time.perf_counter()
+            entry = build.build_entry(variant, out)
+            bar.write(f"{variant.op.name:28s} {variant.dtype:8s} {model.key:18s} {variant.key}  "
                       f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} {entry}")
     if args.out:
         print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")

@@ -9,6 +9,8 @@ torch tensors through DLPack).
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import weakref
 from dataclasses import dataclass
@@ -17,6 +19,9 @@ import numpy as np
 
 from . import host_buffers
 from .errors import BadParamError
+
+log = logging.getLogger(__name__)
+COPY_WARN_BYTES = 1 << 30  # a copy of an input this large is worth a word
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,11 @@ def make_contiguous(value):
     """`value` ready for the kernels: a C-contiguous, native-order numpy array that DLPack
     exports (a read-only input is passed as a view of its memory that is not marked
     read-only: the kernels only read their inputs), or a contiguous torch tensor."""
+    nbytes = math.prod(value.shape) * (value.itemsize if isinstance(value, np.ndarray) else value.element_size())
+    if nbytes >= COPY_WARN_BYTES:
+        log.warning("copying a %s input of shape %s (%.1f GB) to a contiguous one; pass it contiguous to "
+                    "avoid the copy", "strided or broadcast" if isinstance(value, np.ndarray) else "strided",
+                    list(value.shape), nbytes / 1e9)
     if not isinstance(value, np.ndarray):
         return value.contiguous()
     value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
