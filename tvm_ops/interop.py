@@ -130,15 +130,30 @@ def signature(value):
     """A hashable summary of what the checks and the kernel choice read of a tensor argument
     (its kind, shape, dtype, strides, device and writability), or of a scalar argument; None
     when the argument has none (the call then takes the checked path every time)."""
-    if value is None or isinstance(value, (bool, int, str)):
+    kind = _SIGNED.get(type(value))
+    if kind is None:
+        kind = _SIGNED[type(value)] = _signature_kind(value)
+    if kind == "scalar":
         return type(value), value
-    if type(value) is np.ndarray:
+    if kind == "numpy":
         return np.ndarray, value.shape, value.dtype, value.strides, value.flags.writeable
-    if _is_torch(value):
+    if kind == "torch":
         return "torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad
     return None
 
 
+_SIGNED: dict = {}  # type -> how signature() reads it, decided once per type
+
+
+def _signature_kind(value) -> str:
+    if value is None or type(value) in (bool, int, str):
+        return "scalar"
+    if type(value) is np.ndarray:
+        return "numpy"
+    return "torch" if _is_torch(value) else "none"
+
+
+_host_results: dict = {}  # (host values, dtype, shape, convert) -> convert's result
 _host_copies: dict = {}  # id(device tensor) -> (its version, host value); dropped when it dies
 _host_copies_lock = threading.Lock()
 
@@ -147,10 +162,15 @@ def host_values(value, convert):
     """convert(the tensor's values as numpy): read on every call for host tensors (cheap: small
     tensors); for a device tensor once per tensor object and version (torch's counter of
     in-place changes), so repeated calls with the same tensor never copy it to the host."""
-    if isinstance(value, np.ndarray):
-        return convert(value)
-    if value.device.type == "cpu":
-        return convert(value.detach().numpy())
+    if isinstance(value, np.ndarray) or value.device.type == "cpu":
+        array = value if isinstance(value, np.ndarray) else value.detach().numpy()
+        key = (array.tobytes(), array.dtype.str, array.shape, convert)  # small tensors: cheap to key
+        result = _host_results.get(key)
+        if result is None:
+            result = _host_results[key] = convert(array)
+            if len(_host_results) > 64:
+                _host_results.pop(next(iter(_host_results)))
+        return result
     key = id(value)
     with _host_copies_lock:
         cached = _host_copies.get(key)
@@ -164,20 +184,33 @@ def host_values(value, convert):
     return result
 
 
-def overlaps(a, b) -> bool:
-    """Whether two tensors of one kind may share memory (their byte ranges intersect)."""
-    if isinstance(a, np.ndarray):
-        return np.may_share_memory(a, b)
-    if a.device != b.device:
-        return False
-    return _torch_start(a) < _torch_end(b) and _torch_start(b) < _torch_end(a)
+def first_overlap(tensors: list, first: int):
+    """(i, j), i < first and i < j, of the first two tensors (all of one kind) that may share
+    memory, or None."""
+    if isinstance(tensors[0], np.ndarray):
+        for i in range(first):
+            for j in range(i + 1, len(tensors)):
+                if np.may_share_memory(tensors[i], tensors[j]):  # bounds only: cheap
+                    return i, j
+        return None
+    ranges = [_torch_range(t) for t in tensors]  # each tensor's byte range, once
+    for i in range(first):
+        start, end, device = ranges[i]
+        for j in range(i + 1, len(ranges)):
+            other = ranges[j]
+            if start < other[1] and other[0] < end and device == other[2]:
+                return i, j
+    return None
 
 
-def _torch_start(t) -> int:
-    return t.data_ptr() + sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.stride())) * t.element_size()
-
-
-def _torch_end(t) -> int:
+def _torch_range(t) -> tuple:
+    """(first byte, one past the last byte, device) of a torch tensor's elements."""
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.nbytes, t.device
+    size = t.element_size()
     if t.numel() == 0:
-        return _torch_start(t)
-    return t.data_ptr() + (sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+        return start, start, t.device
+    low = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.stride()))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.stride()))
+    return start + low * size, start + (high + 1) * size, t.device

@@ -104,13 +104,13 @@ class CallPlan:
 def _refuse_aliases(op_name: str, inputs: dict, outputs: dict) -> None:
     """BadParamError when an out= buffer shares memory with an input or another output: the
     kernels read their inputs while writing their outputs, so an alias gives wrong results."""
-    given = list(outputs.items())
-    for i, (name, value) in enumerate(given):
-        others = list(inputs.items()) + given[i + 1:]
-        for other, tensor in others:
-            if tensor is not None and interop.overlaps(value, tensor):
-                raise BadParamError(f"{op_name}: out[{name!r}] shares memory with {other}; "
-                                    f"give an output buffer of its own")
+    names = list(outputs) + [name for name, value in inputs.items() if value is not None]
+    values = list(outputs.values()) + [value for value in inputs.values() if value is not None]
+    clash = interop.first_overlap(values, len(outputs))
+    if clash is not None:
+        i, j = clash
+        raise BadParamError(f"{op_name}: out[{names[i]!r}] shares memory with {names[j]}; "
+                            f"give an output buffer of its own")
 
 
 class CallCache:
