@@ -173,7 +173,7 @@ def test_border_align_takes_per_sample_adds_without_avx512(tmp_path):
     assert "ymm" in asm and "zmm" not in asm and "vpermps" not in asm
 
 
-def test_other_x86_cpu_targets_build_here_and_do_not_run_here(tmp_path):
+def test_other_x86_cpu_targets_build_here_and_run_here_only_with_every_feature(tmp_path):
     haswell = targets.resolve("llvm:haswell:4")
     assert (haswell.cpu, haswell.cores, haswell.lanes("float32"), haswell.key) == ("haswell", 4, 8, "llvm-haswell-4c")
     assert targets.resolve("llvm:skylake-avx512").lanes("float32") == 16
@@ -184,11 +184,16 @@ def test_other_x86_cpu_targets_build_here_and_do_not_run_here(tmp_path):
     for bad, why in (("llvm:cortex-a72", "not an x86-64 CPU"), ("llvm:haswell:0", "positive integer")):
         with pytest.raises(tvm_ops.BadParamError, match=why):
             targets.resolve(bad)
-    if targets.host_cpu().cpu != "haswell":
-        go = np.zeros((1, 2, 3), np.float32)
-        with pytest.raises(tvm_ops.ArchMismatchError, match="is not this machine's CPU"):
-            tvm_ops.three_interpolate_backward(go, np.zeros((1, 3, 3), np.int32), np.zeros((1, 3, 3), np.float32),
-                                               2, target="llvm:haswell")
+    go = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    idx = np.array([[[0, 1, 1], [1, 0, 0], [0, 0, 1]]], np.int32)
+    weight = np.full((1, 3, 3), 0.5, np.float32)
+    host = tvm_ops.three_interpolate_backward(go, idx, weight, 2)
+    if not targets.missing_features(haswell):  # haswell's AVX2/FMA code runs on this host
+        assert np.array_equal(tvm_ops.three_interpolate_backward(go, idx, weight, 2, target="llvm:haswell"), host)
+    # a CPU with features this host lacks (AVX-512 FP16, AMX: no AMD CPU has them)
+    if targets.missing_features(targets.resolve("llvm:sapphirerapids")):
+        with pytest.raises(tvm_ops.ArchMismatchError, match="lacks"):
+            tvm_ops.three_interpolate_backward(go, idx, weight, 2, target="llvm:sapphirerapids")
 
 
 def test_cuda_target_without_gpu_is_an_arch_mismatch():

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 TARGET_HELP = ("llvm (the host CPU, default), llvm:MCPU[:CORES] (another x86-64 CPU, e.g. a board "
-               "reached over RPC), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX")
+               "reached over RPC), llvm:aarch64[:CORES] (a generic 64-bit Arm CPU), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX")
 
 
 def _ops(name: str):
@@ -88,7 +88,7 @@ def cmd_bench(args) -> int:
     from . import bench, targets
 
     model = targets.resolve(args.target)
-    targets.require_runnable(model)
+    targets.require_measurable(model)
     if args.overhead:
         return _overhead(args, model)
     _require_case(_ops(args.op), args.case)
@@ -143,7 +143,7 @@ def cmd_tune(args) -> int:
             raise BadParamError("--rpc-tracker and --rpc-key go together")
         rpc = tune.TrackerRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
     else:
-        targets.require_runnable(model)  # measured here: the target must run on this machine
+        targets.require_measurable(model)  # measured here: the target must be this machine
     case = tune.with_shape(op, tune.find_case(op, args.case), dict(args.shape or []))
     result = tune.tune(op, args.dtype, model, case, trials=args.trials, records_path=args.records,
                        timeout=args.timeout, repeat=args.repeat, workers=args.workers, seed=args.seed,

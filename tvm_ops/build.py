@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -172,6 +173,7 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
 
     entry = out_dir / variant.entry_name
     target = variant.model.tvm_target()
+    linker = _linker(variant.model)
     module = variant.scheduled_module()
     with tvm.transform.PassContext(opt_level=3), precise_cuda_math():
         lib = tvm.tirx.build(module, target=target)
@@ -182,7 +184,7 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
     try:
         with precise_cuda_math():
             sources = _write_sources(lib, variant.model, staging)
-        lib.export_library(str(staging / "lib.so"))
+        lib.export_library(str(staging / "lib.so"), fcompile=linker)
         info = {
             "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
             "target_spec": str(target), "tvm_version": tvm.__version__, "key": variant.key,
@@ -216,6 +218,23 @@ def _remove_stale_staging(folder: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
         except OSError:
             pass  # removed by another process meanwhile
+
+
+def _linker(model: targets.TargetModel):
+    """export_library's compiler: None (the host's) unless `model` is a CPU of another
+    architecture, whose library needs that platform's cross compiler (<mtriple>-g++)."""
+    if model.kind != "llvm" or not model.mtriple or targets.triple_arch(model.mtriple) == platform.machine():
+        return None
+    name = f"{model.mtriple}-g++"
+    if shutil.which(name) is None:
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"linking a library for {model.mtriple} needs the cross compiler {name} on PATH "
+                                f"(its kernels compile without one: Variant.scheduled_module, tvm.tirx.build, "
+                                f"inspect_source('asm'))")
+    from tvm.support import cc
+
+    return cc.cross_compiler(name)
 
 
 def _write_sources(lib, model: targets.TargetModel, folder: Path) -> list[str]:

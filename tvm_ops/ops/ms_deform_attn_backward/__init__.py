@@ -24,10 +24,14 @@ heads), used when C matches.
       slices are handed out to the cores one at a time by a counter, task_queue).
       `backward_private` works on a contiguous [K, C] copy of the slice (picked by
       shape, policy_llvm); `backward` zero-fills grad_value in one parallel pass
-      first. The kernel is written in its scheduled form: TensorIR's block rules
-      cannot fuse the scatter (a reduction block with an init) with the per-sample
-      channel dots, and the fused pass is what makes it fast (each random row is
-      read once, not twice).
+      first. The kernel is a hand-written loop nest, TensorIR in its scheduled form
+      rather than a compute plus a schedule: TensorIR's block rules cannot fuse the
+      scatter (a reduction block with an init) with the per-sample channel dots, and
+      the fused pass is what makes it fast (each random row is read once, not twice).
+      It is portable as written, so it has no separate fallback: its LLVM IR (the task
+      counter's atomicrmw, llvm.fma) is generic, and the channel loop takes the
+      target's vector width (16 lanes with AVX-512, 8 with AVX2, 4 on aarch64's NEON);
+      a CPU without FMA instructions gets LLVM's exact software fma, slower.
   CUDA (cuda_backward_compute, scheduled in schedules/): the same TensorIR blocks
       as two nests (corner + scatter with atomicAdd; corner + corner_dot +
       finalize) in one function, which TVM launches as two kernels; both names
