@@ -29,9 +29,11 @@ def address(array) -> int:
 
 @pytest.mark.parametrize("shape", [(3,), (25, 38, 100), (1 << 20,)])
 def test_outputs_start_on_a_cache_line(shape):
-    # small ones from numpy, large ones from the reused blocks: both on a 64-byte boundary
+    # medium ones from numpy, large ones from the reused blocks: both on a 64-byte boundary;
+    # tiny ones are plain np.empty
     array = host_buffers.empty(shape, np.float32)
-    assert address(array) % host_buffers.LINE_BYTES == 0
+    if array.nbytes >= host_buffers.ALIGN_MIN_BYTES:
+        assert address(array) % host_buffers.LINE_BYTES == 0
     assert array.shape == shape and array.flags.c_contiguous and array.flags.writeable
 
 

@@ -362,3 +362,20 @@ def test_every_launch_replays_over_rpc(name, kind):
         used = {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
         assert set(op.zeroed(problem, plan)) <= used | set(op.workspaces(problem, plan))
         assert {t.name for t in op.spec.outputs} <= used
+
+
+def test_a_record_whose_knobs_do_not_build_falls_back_to_the_hand_tuned_default(tmp_path, model, monkeypatch, caplog):
+    path = tmp_path / "records.jsonl"
+    knobs = dict(OP.schedules["llvm"].defaults, c_tile=-3)  # plan() refuses it
+    path.write_text(json.dumps({"op": OP.name, "dtype": "float32", "target": model.key, "shape_class": SHAPE_CLASS,
+                                "case": CASE, "knobs": knobs, "status": "ok", "correct": True,
+                                "median_s": 1e-6, "runner": "local"}) + "\n")
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
+    OP.clear_call_cache()
+    inputs, params = call_inputs(16, 16, 64, 512)
+    assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).knobs == knobs
+    with caplog.at_level("WARNING", logger="tvm_ops.dispatch"):
+        out = OP.call(inputs, params, "llvm", {})
+    OP.clear_call_cache()
+    np.testing.assert_allclose(out, TESTING.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
+    assert "does not build or load" in caplog.text and "hand-tuned default" in caplog.text

@@ -9,7 +9,20 @@ neither TVM nor torch.
 from .errors import ArchMismatchError, BadParamError, NotSupportedError, OpError
 from .ops import NAMES as _OPERATOR_NAMES
 
-__all__ = ["ArchMismatchError", "BadParamError", "NotSupportedError", "OpError", *_OPERATOR_NAMES]
+__all__ = ["ArchMismatchError", "BadParamError", "NotSupportedError", "OpError", "clear_call_cache",
+           *_OPERATOR_NAMES]
+
+
+def clear_call_cache() -> None:
+    """Forget every remembered call signature, so the next calls take the full path again:
+    a repeated call uses the library and checks of its signature's first call, so changed
+    tuning records or environment variables reach new signatures only until this is called."""
+    import sys
+
+    for name in _OPERATOR_NAMES:
+        module = sys.modules.get(f"{__name__}.ops.{name}")
+        if module is not None:
+            module.OP.clear_call_cache()
 
 
 def __getattr__(name):

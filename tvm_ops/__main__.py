@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 TARGET_HELP = ("llvm (the host CPU, default), llvm:MCPU[:CORES] (another x86-64 CPU, e.g. a board "
-               "reached over RPC), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX")
+               "reached over RPC), llvm:aarch64[:CORES] (a generic 64-bit Arm CPU), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX")
 
 
 def _ops(name: str):
@@ -33,24 +33,39 @@ def _size(text: str) -> tuple[str, int]:
 def cmd_build(args) -> int:
     from . import build, dispatch, paths, targets
 
+    from tqdm import tqdm
+
     model = targets.resolve(args.target)
-    out = Path(args.out) if args.out else paths.cache_dir()
-    for op in _ops(args.op):
-        for dtype in _dtypes(op, args.dtype):
-            for variant in dispatch.variants(op, dtype, model):  # hand-tuned, then each tuned shape class
-                start = time.perf_counter()
-                entry = build.build_entry(variant, out)
-                print(f"{op.name:28s} {dtype:8s} {model.key:18s} {variant.key}  "
+    out = Path(args.out) if args.out else paths.writable_cache_dir()
+    # hand-tuned, then each tuned shape class's best, per (op, dtype)
+    todo = [v for op in _ops(args.op) for dtype in _dtypes(op, args.dtype) for v in dispatch.variants(op, dtype, model)]
+    with tqdm(todo, unit="library", desc="build", disable=None) as bar:  # no bar when not a terminal
+        for variant in bar:
+            bar.set_postfix_str(f"{variant.op.name} {variant.dtype}")
+            start = time.perf_counter()
+            entry = build.build_entry(variant, out)
+            bar.write(f"{variant.op.name:28s} {variant.dtype:8s} {model.key:18s} {variant.key}  "
                       f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} {entry}")
     if args.out:
         print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")
     return 0
 
 
+def _require_case(ops: list, name: str | None) -> None:
+    """BadParamError when --case names no case of the selected operators."""
+    from .errors import BadParamError
+
+    if name is not None and not any(c.name == name for op in ops for c in op.spec.cases):
+        raise BadParamError(f"no spec case named {name!r} in {', '.join(op.name for op in ops)}; "
+                            f"see `python -m tvm_ops list`")
+
+
 def cmd_test(args) -> int:
     from . import runner, targets
 
     model = targets.resolve(args.target)
+    targets.require_runnable(model)  # the cases run here: say so before generating any input
+    _require_case(_ops(args.op), args.case)
     failures = 0
     print(f"{'op':28s} {'case':26s} {'dtype':8s} {'diff1':>9s} {'diff2':>9s} {'diff3':>9s} {'diff4':>6s}  verdict")
     for op in _ops(args.op):
@@ -73,7 +88,10 @@ def cmd_bench(args) -> int:
     from . import bench, targets
 
     model = targets.resolve(args.target)
-    targets.require_runnable(model)
+    targets.require_measurable(model)
+    if args.overhead:
+        return _overhead(args, model)
+    _require_case(_ops(args.op), args.case)
     bandwidth = bench.stream_bandwidth(model)
     peak = bench.peak_flops(model)
     print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
@@ -92,10 +110,26 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _overhead(args, model) -> int:
+    """`bench --overhead`: host time of a repeated tiny public call per operator."""
+    from . import overhead
+    from .errors import NotSupportedError
+
+    if model.kind != "llvm":
+        raise NotSupportedError("bench --overhead measures the CPU call path (target llvm)")
+    print(f"# host time per repeated call, best of {args.blocks} blocks of {args.calls} calls; "
+          "(+x) = call - kernels alone")
+    for op in _ops(args.op):
+        print(overhead.overhead(op, args.calls, args.blocks, not args.no_peer).text(), flush=True)
+    return 0
+
+
 def cmd_tune(args) -> int:
     from . import records, targets
     from .ops import get
-    from .tuning import tune
+    from .tuning import require_extras, tune
+
+    require_extras()
 
     op = get(args.op)
     from .errors import BadParamError
@@ -109,7 +143,7 @@ def cmd_tune(args) -> int:
             raise BadParamError("--rpc-tracker and --rpc-key go together")
         rpc = tune.TrackerRunner(args.rpc_tracker, args.rpc_key, timeout=args.timeout)
     else:
-        targets.require_runnable(model)  # measured here: the target must run on this machine
+        targets.require_measurable(model)  # measured here: the target must be this machine
     case = tune.with_shape(op, tune.find_case(op, args.case), dict(args.shape or []))
     result = tune.tune(op, args.dtype, model, case, trials=args.trials, records_path=args.records,
                        timeout=args.timeout, repeat=args.repeat, workers=args.workers, seed=args.seed,
@@ -200,6 +234,11 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--repeat", type=int, default=10, help="timed runs per case (median reported)")
     m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
     m.add_argument("--json", help="also write the results to this JSON file")
+    m.add_argument("--overhead", action="store_true",
+                   help="instead: host time of a repeated tiny call per operator (numpy and torch, with "
+                        "and without out=), against its kernels alone and the PyTorch peer")
+    m.add_argument("--calls", type=int, default=1000, help="--overhead: calls per block")
+    m.add_argument("--blocks", type=int, default=5, help="--overhead: blocks (the best is reported)")
     m.set_defaults(func=cmd_bench)
 
     u = sub.add_parser("tune", help="search the schedule knobs of one operator; records the trials")

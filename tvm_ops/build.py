@@ -22,8 +22,10 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,31 +173,68 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
 
     entry = out_dir / variant.entry_name
     target = variant.model.tvm_target()
+    linker = _linker(variant.model)
     module = variant.scheduled_module()
     with tvm.transform.PassContext(opt_level=3), precise_cuda_math():
         lib = tvm.tirx.build(module, target=target)
-        build_count += 1
-        out_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out_dir))
-        sources = _write_sources(lib, variant.model, staging)
-    lib.export_library(str(staging / "lib.so"))
-    info = {
-        "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
-        "target_spec": str(target), "tvm_version": tvm.__version__, "key": variant.key,
-        "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin,
-        "kernels": list(variant.op.kernel_names), "sources": sources,
-        "library_sha256": _sha256(staging / "lib.so"),
-    }
-    (staging / "manifest.json").write_text(json.dumps(info, indent=2, default=str))
-    if entry.exists() and not _valid_entry(entry):
-        shutil.rmtree(entry, ignore_errors=True)  # a corrupt copy of ours
+    build_count += 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
     try:
-        os.replace(staging, entry)
-    except OSError:
-        if not _valid_entry(entry):
-            raise
-        shutil.rmtree(staging, ignore_errors=True)  # another process published it first
+        with precise_cuda_math():
+            sources = _write_sources(lib, variant.model, staging)
+        lib.export_library(str(staging / "lib.so"), fcompile=linker)
+        info = {
+            "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
+            "target_spec": str(target), "tvm_version": tvm.__version__, "key": variant.key,
+            "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin,
+            "kernels": list(variant.op.kernel_names), "sources": sources,
+            "library_sha256": _sha256(staging / "lib.so"),
+        }
+        (staging / "manifest.json").write_text(json.dumps(info, indent=2, default=str))
+        if entry.exists() and not _valid_entry(entry):
+            shutil.rmtree(entry, ignore_errors=True)  # a corrupt copy of ours
+        try:
+            os.replace(staging, entry)
+        except OSError:
+            if not _valid_entry(entry):
+                raise
+            # another process published it first: keep its copy
+    finally:  # also on Ctrl-C: no half-written staging directory stays behind
+        shutil.rmtree(staging, ignore_errors=True)
     return entry
+
+
+STAGING_PREFIX = ".building-"
+STALE_STAGING_S = 3600  # a staging directory this old belongs to a process that died
+
+
+def _remove_stale_staging(folder: Path) -> None:
+    now = time.time()
+    for stale in folder.glob(STAGING_PREFIX + "*"):
+        try:
+            if now - stale.stat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # removed by another process meanwhile
+
+
+def _linker(model: targets.TargetModel):
+    """export_library's compiler: None (the host's) unless `model` is a CPU of another
+    architecture, whose library needs that platform's cross compiler (<mtriple>-g++)."""
+    if model.kind != "llvm" or not model.mtriple or targets.triple_arch(model.mtriple) == platform.machine():
+        return None
+    name = f"{model.mtriple}-g++"
+    if shutil.which(name) is None:
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"linking a library for {model.mtriple} needs the cross compiler {name} on PATH "
+                                f"(its kernels compile without one: Variant.scheduled_module, tvm.tirx.build, "
+                                f"inspect_source('asm'))")
+    from tvm.support import cc
+
+    return cc.cross_compiler(name)
 
 
 def _write_sources(lib, model: targets.TargetModel, folder: Path) -> list[str]:

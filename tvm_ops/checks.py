@@ -17,6 +17,7 @@ from .errors import BadParamError, NotSupportedError
 from .spec import OpSpec
 
 LARGE_TENSOR = 2**31
+INT32_MAX = 2**31 - 1  # integer parameters reach the kernels as int32
 
 
 @dataclass
@@ -44,6 +45,8 @@ def _int_param(op: str, name: str, value, minimum: int) -> int:
         raise BadParamError(f"{op}: {name} must be an integer, got {value!r}")
     if value < minimum:
         raise BadParamError(f"{op}: {name} must be >= {minimum}, got {value}")
+    if value > INT32_MAX:
+        raise BadParamError(f"{op}: {name} must be <= {INT32_MAX} (an int32 in the kernels), got {value}")
     return int(value)
 
 
@@ -69,6 +72,11 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
                                 f"got rank {len(info.shape)} with shape {list(info.shape)}")
     # 3. contiguity: inputs are made contiguous later; an output buffer cannot be
     for info in given.values():
+        if not info.writeable:
+            raise BadParamError(f"{op}: {info.name} is read-only; give a writeable output buffer")
+        if not info.native:
+            raise BadParamError(f"{op}: {info.name} has non-native byte order ({info.value.dtype.str}); give a "
+                                f"native-order output buffer")
         if not info.contiguous:
             raise NotSupportedError(f"{op}: {info.name} must be C-contiguous; strided outputs are not supported")
     # 4. dtypes
@@ -84,16 +92,16 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
     # 5. shape relations: inputs bind symbols, then scalar parameters, then outputs
     sizes, source = {}, {}
 
-    def bind(name: str, dims, shape):
+    def bind(name: str, dims, shape, scalar: bool = False):
         for axis, (dim, actual) in enumerate(zip(dims, shape)):
+            where = name if scalar else f"{name}.shape[{axis}]"  # a parameter is a size itself
             if isinstance(dim, int):
                 if actual != dim:
-                    raise BadParamError(f"{op}: {name}.shape[{axis}] must be {dim}, got {actual}")
+                    raise BadParamError(f"{op}: {where} must be {dim}, got {actual}")
             elif dim not in sizes:
-                sizes[dim], source[dim] = actual, f"{name}.shape[{axis}]"
+                sizes[dim], source[dim] = actual, where
             elif sizes[dim] != actual:
-                raise BadParamError(f"{op}: {name}.shape[{axis}] ({dim}) must equal {source[dim]} = "
-                                    f"{sizes[dim]}, got {actual}")
+                raise BadParamError(f"{op}: {where} ({dim}) must equal {source[dim]} = {sizes[dim]}, got {actual}")
 
     for t in spec.inputs:
         bind(t.name, t.dims, infos[t.name].shape)
@@ -113,7 +121,7 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
             continue
         checked_params[p.name] = _int_param(op, p.name, value, p.minimum)
         if p.symbol is not None:
-            bind(p.name, (p.symbol,), (checked_params[p.name],))
+            bind(p.name, (p.symbol,), (checked_params[p.name],), scalar=True)
     for t in spec.outputs:
         if t.name in given:
             bind(given[t.name].name, t.dims, given[t.name].shape)

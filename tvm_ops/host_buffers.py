@@ -17,10 +17,12 @@ zero are allocated with np.zeros, never from here.
 Free blocks are kept up to $TVM_OPS_HOST_CACHE_MB (default 1024; 0 turns the
 cache off); `release()` drops them all.
 
-Every output starts on a cache line (LINE_BYTES), as PyTorch's CPU tensors do
-(numpy's large arrays start 16 bytes into one): CPU kernels whose threads own
-neighbouring column blocks of an output (border_align_backward) would otherwise
-share the boundary lines between cores, which cost that op ~30%.
+Every output of ALIGN_MIN_BYTES or more starts on a cache line (LINE_BYTES), as
+PyTorch's CPU tensors do (numpy's large arrays start 16 bytes into one): CPU kernels
+whose threads own neighbouring column blocks of an output (border_align_backward)
+would otherwise share the boundary lines between cores, which cost that op ~30%.
+Smaller outputs are plain np.empty: aligning one costs ~3 us of a call's host time,
+more than such an output can lose to a shared line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import numpy as np
 MIN_BYTES = 32 << 20
 # outputs start on a multiple of this (a cache line)
 LINE_BYTES = 64
+# from this size on
+ALIGN_MIN_BYTES = 64 << 10
 
 _lock = threading.Lock()
 _free: dict[int, list[mmap.mmap]] = {}  # byte size -> unused blocks
@@ -54,10 +58,12 @@ def limit_bytes() -> int:
 
 
 def empty(shape: tuple, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array starting on a cache line, from a reused block when
-    it is large."""
+    """An uninitialised C-contiguous array, starting on a cache line unless it is small, from a
+    reused block when it is large."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES):
+        return np.empty(shape, dtype)
     if nbytes < MIN_BYTES or limit_bytes() == 0:
         raw = np.empty(nbytes + LINE_BYTES, np.uint8)
         start = -raw.ctypes.data % LINE_BYTES

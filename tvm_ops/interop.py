@@ -9,12 +9,19 @@ torch tensors through DLPack).
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import host_buffers
 from .errors import BadParamError
+
+log = logging.getLogger(__name__)
+COPY_WARN_BYTES = 1 << 30  # a copy of an input this large is worth a word
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,13 @@ class TensorInfo:
     contiguous: bool
     kind: str  # "numpy" or "torch"
     device: str  # "cpu" or "cuda"
+    native: bool = True  # numpy: native byte order (DLPack takes no other)
+    writeable: bool = True  # numpy: not read-only (DLPack exports no read-only array)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the kernels can take the tensor as it is (else contiguous() copies it)."""
+        return self.contiguous and self.native and self.writeable
 
 
 def _is_torch(value) -> bool:
@@ -46,7 +60,8 @@ def describe(name: str, value) -> TensorInfo:
         raise BadParamError(f"{name} is missing (got None)")
     if isinstance(value, np.ndarray):
         return TensorInfo(name, value, tuple(value.shape), _DTYPE_NAMES.get(value.dtype) or value.dtype.name,
-                          bool(value.flags.c_contiguous), "numpy", "cpu")
+                          bool(value.flags.c_contiguous), "numpy", "cpu", value.dtype.isnative,
+                          bool(value.flags.writeable))
     if _is_torch(value):
         return TensorInfo(name, value, tuple(value.shape), _torch_dtype_name(value.dtype),
                           bool(value.is_contiguous()), "torch", value.device.type)
@@ -59,12 +74,36 @@ def describe(name: str, value) -> TensorInfo:
 
 
 def contiguous(info: TensorInfo):
-    """The tensor's data, C-contiguous (copied only when it is not)."""
-    if info.contiguous:
-        return info.value
-    if info.kind == "torch":
-        return info.value.contiguous()
-    return np.ascontiguousarray(info.value)
+    """The tensor as the kernels take it: C-contiguous, native byte order, exportable through
+    DLPack (copied only when it is not)."""
+    return info.value if info.ready else make_contiguous(info.value)
+
+
+def make_contiguous(value):
+    """`value` ready for the kernels: a C-contiguous, native-order numpy array that DLPack
+    exports (a read-only input is passed as a view of its memory that is not marked
+    read-only: the kernels only read their inputs), or a contiguous torch tensor."""
+    nbytes = math.prod(value.shape) * (value.itemsize if isinstance(value, np.ndarray) else value.element_size())
+    if nbytes >= COPY_WARN_BYTES:
+        log.warning("copying a %s input of shape %s (%.1f GB) to a contiguous one; pass it contiguous to "
+                    "avoid the copy", "strided or broadcast" if isinstance(value, np.ndarray) else "strided",
+                    list(value.shape), nbytes / 1e9)
+    if not isinstance(value, np.ndarray):
+        return value.contiguous()
+    value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
+    if not value.flags.writeable:
+        value = np.asarray(_Unmarked(value))
+    return value
+
+
+class _Unmarked:
+    """The array interface of a read-only array without its read-only mark (DLPack cannot
+    export read-only arrays); holds the array so its memory lives as long as the view."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        pointer, _read_only = array.__array_interface__["data"]
+        self.__array_interface__ = dict(array.__array_interface__, data=(pointer, False))
 
 
 def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool):
@@ -85,3 +124,93 @@ def zero(array) -> None:
         array.fill(0)
     else:
         array.zero_()
+
+
+def signature(value):
+    """A hashable summary of what the checks and the kernel choice read of a tensor argument
+    (its kind, shape, dtype, strides, device and writability), or of a scalar argument; None
+    when the argument has none (the call then takes the checked path every time)."""
+    kind = _SIGNED.get(type(value))
+    if kind is None:
+        kind = _SIGNED[type(value)] = _signature_kind(value)
+    if kind == "scalar":
+        return type(value), value
+    if kind == "numpy":
+        return np.ndarray, value.shape, value.dtype, value.strides, value.flags.writeable
+    if kind == "torch":
+        return "torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad
+    return None
+
+
+_SIGNED: dict = {}  # type -> how signature() reads it, decided once per type
+
+
+def _signature_kind(value) -> str:
+    if value is None or type(value) in (bool, int, str):
+        return "scalar"
+    if type(value) is np.ndarray:
+        return "numpy"
+    return "torch" if _is_torch(value) else "none"
+
+
+_host_results: dict = {}  # (host values, dtype, shape, convert) -> convert's result
+_host_copies: dict = {}  # id(device tensor) -> (its version, host value); dropped when it dies
+_host_copies_lock = threading.Lock()
+
+
+def host_values(value, convert):
+    """convert(the tensor's values as numpy): read on every call for host tensors (cheap: small
+    tensors); for a device tensor once per tensor object and version (torch's counter of
+    in-place changes), so repeated calls with the same tensor never copy it to the host."""
+    if isinstance(value, np.ndarray) or value.device.type == "cpu":
+        array = value if isinstance(value, np.ndarray) else value.detach().numpy()
+        key = (array.tobytes(), array.dtype.str, array.shape, convert)  # small tensors: cheap to key
+        result = _host_results.get(key)
+        if result is None:
+            result = _host_results[key] = convert(array)
+            if len(_host_results) > 64:
+                _host_results.pop(next(iter(_host_results)))
+        return result
+    key = id(value)
+    with _host_copies_lock:
+        cached = _host_copies.get(key)
+    if cached is not None and cached[0] == value._version:
+        return cached[1]
+    result = convert(value.detach().cpu().numpy())  # the one synchronisation per tensor and version
+    with _host_copies_lock:
+        if key not in _host_copies:
+            weakref.finalize(value, _host_copies.pop, key, None)
+        _host_copies[key] = (value._version, result)
+    return result
+
+
+def first_overlap(tensors: list, first: int):
+    """(i, j), i < first and i < j, of the first two tensors (all of one kind) that may share
+    memory, or None."""
+    if isinstance(tensors[0], np.ndarray):
+        for i in range(first):
+            for j in range(i + 1, len(tensors)):
+                if np.may_share_memory(tensors[i], tensors[j]):  # bounds only: cheap
+                    return i, j
+        return None
+    ranges = [_torch_range(t) for t in tensors]  # each tensor's byte range, once
+    for i in range(first):
+        start, end, device = ranges[i]
+        for j in range(i + 1, len(ranges)):
+            other = ranges[j]
+            if start < other[1] and other[0] < end and device == other[2]:
+                return i, j
+    return None
+
+
+def _torch_range(t) -> tuple:
+    """(first byte, one past the last byte, device) of a torch tensor's elements."""
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.nbytes, t.device
+    size = t.element_size()
+    if t.numel() == 0:
+        return start, start, t.device
+    low = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.stride()))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.stride()))
+    return start + low * size, start + (high + 1) * size, t.device

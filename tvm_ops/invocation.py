@@ -3,13 +3,22 @@
 An Invocation holds the inputs (made contiguous), the outputs (the caller's buffers or
 new ones of the caller's kind) and the workspaces the library's plan declares, and runs
 a library's kernels on them: zero-fill what the kernels accumulate into, then launch.
+
+A CallPlan is what a checked call leaves for the next call with the same signature
+(every argument's kind, shape, dtype, strides, device and writability, every
+parameter, the target and which outputs were given): the problem, the kernels, the
+output shapes. A repeated call only re-checks the values an operator reads on the host
+(`Operator.value_rules`), allocates what it must and launches; CallCache keeps the most
+recent plans of each operator.
 """
 
 from __future__ import annotations
 
-import json
+import threading
+from collections import OrderedDict
 
 from . import checks, interop
+from .errors import BadParamError
 
 
 class Invocation:
@@ -22,12 +31,9 @@ class Invocation:
 
     def run(self, kernels) -> None:
         """Launch `kernels` (a build.Kernels) on these tensors."""
-        plan_key = json.dumps(kernels.plan or {}, sort_keys=True, default=str)
-        if self._workspaces_for != plan_key:
-            self.tensors.update({
-                name: interop.empty_like_kind(self.problem.kind, self.problem.device, shape, dtype, zero=False)
-                for name, (shape, dtype) in self.op.workspaces(self.problem, kernels.plan).items()})
-            self._workspaces_for = plan_key
+        if self._workspaces_for != kernels.plan:
+            self.tensors.update(workspaces(self.op, self.problem, kernels.plan))
+            self._workspaces_for = kernels.plan
         for name in self.op.zeroed(self.problem, kernels.plan):
             interop.zero(self.tensors[name])
         self.op.launch(kernels, self.problem, self.tensors)
@@ -51,3 +57,86 @@ def returned(op, tensors: dict):
     """The outputs as the public function returns them: one tensor, or a tuple in spec order."""
     values = [tensors[t.name] for t in op.spec.outputs]
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def workspaces(op, problem: checks.Problem, plan: dict) -> dict:
+    """{name: uninitialised tensor} for the workspaces `op` declares under `plan`."""
+    return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=False)
+            for name, (shape, dtype) in op.workspaces(problem, plan).items()}
+
+
+class CallPlan:
+    """A checked call, ready to run again on new tensors of the same signature."""
+
+    def __init__(self, op, problem: checks.Problem, kernels):
+        self.op, self.problem, self.kernels = op, problem, kernels
+        self.new_outputs = [(t.name, checks.output_shape(op.spec, t.name, problem.sizes), op.output_dtype(t, problem))
+                            for t in op.spec.outputs if t.name not in problem.outs]
+        self.copied = [name for name, info in problem.inputs.items() if not info.ready]
+        if kernels is not None:
+            self.workspaces = op.workspaces(problem, kernels.plan)
+            self.zeroed = op.zeroed(problem, kernels.plan)
+
+    def run(self, inputs: dict, out: dict):
+        op, problem = self.op, self.problem
+        op.value_rules(problem, inputs)
+        outputs = {name: value for name, value in out.items() if value is not None}
+        if outputs:
+            _refuse_aliases(op.name, inputs, outputs)
+        for name, shape, dtype in self.new_outputs:
+            outputs[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=problem.empty)
+        if problem.empty:  # nothing to compute: the outputs are zeros
+            for name in problem.outs:
+                interop.zero(outputs[name])
+            return returned(op, outputs)
+        tensors = dict(inputs)
+        for name in self.copied:
+            tensors[name] = interop.make_contiguous(inputs[name])
+        tensors.update(outputs)
+        for name, (shape, dtype) in self.workspaces.items():
+            tensors[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=False)
+        for name in self.zeroed:
+            interop.zero(tensors[name])
+        op.launch(self.kernels, problem, tensors)
+        return returned(op, outputs)
+
+
+def _refuse_aliases(op_name: str, inputs: dict, outputs: dict) -> None:
+    """BadParamError when an out= buffer shares memory with an input or another output: the
+    kernels read their inputs while writing their outputs, so an alias gives wrong results."""
+    names = list(outputs) + [name for name, value in inputs.items() if value is not None]
+    values = list(outputs.values()) + [value for value in inputs.values() if value is not None]
+    clash = interop.first_overlap(values, len(outputs))
+    if clash is not None:
+        i, j = clash
+        raise BadParamError(f"{op_name}: out[{names[i]!r}] shares memory with {names[j]}; "
+                            f"give an output buffer of its own")
+
+
+class CallCache:
+    """The most recent CallPlans by call signature: a thread-safe LRU of `size` entries."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._plans: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key, plan: CallPlan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)

@@ -8,9 +8,13 @@ the environment variables it depends on, so a change of them takes effect at onc
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def data_file(folder: str, op: str):
@@ -32,10 +36,34 @@ def _cache_dir(explicit: str | None, xdg_cache_home: str | None, _home: str | No
     return Path(xdg_cache_home or Path.home() / ".cache") / "tvm_ops"
 
 
+_FALLBACK = Path(tempfile.gettempdir()) / f"tvm_ops-cache-{os.getuid()}"
+
+
+def writable_cache_dir() -> Path:
+    """Where a new library is built: the cache directory, or, when it cannot be written, a
+    folder in the system's temporary directory (with a warning, once per cache directory)."""
+    return _writable(cache_dir())
+
+
+@functools.lru_cache(maxsize=8)
+def _writable(cache: Path) -> Path:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache).close()
+        return cache
+    except OSError as exc:
+        fallback = _FALLBACK
+        log.warning("the cache directory %s cannot be written (%s); building into %s instead "
+                    "(set TVM_OPS_CACHE_DIR to choose another)", cache, exc.strerror or exc, fallback)
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
+
+
 def search_dirs() -> list[Path]:
     """Build directories to load from, in order: $TVM_OPS_BUILD_DIR (from `build --out`), the cache."""
     dirs = [Path(os.environ["TVM_OPS_BUILD_DIR"])] if os.environ.get("TVM_OPS_BUILD_DIR") else []
-    return dirs + [cache_dir()]
+    # then where libraries go when the cache cannot be written
+    return dirs + [cache_dir()] + ([_FALLBACK] if _FALLBACK.is_dir() else [])
 
 
 def records_path() -> Path:

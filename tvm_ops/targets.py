@@ -2,14 +2,16 @@
 
 A `TargetModel` is plain data (cores, on-chip bytes, vector width), so the
 policy can be tested without TVM. `host_cpu()` reads the machine it runs on;
-`cuda(arch)` describes an NVIDIA architecture from a small table, so CUDA
-kernels can be built on a machine without a GPU.
+`other_cpu` describes another x86-64 CPU and `llvm_cpu` any CPU LLVM targets (an aarch64
+board: built here to assembly, run there); `cuda(arch)` describes an NVIDIA architecture
+from a small table, so CUDA kernels can be built on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,8 @@ CUDA_ARCHS = {
     "sm_90": (132, 227 * 1024),
 }
 DEFAULT_CUDA_ARCH = "sm_80"
+# "llvm:aarch64[:CORES]": a generic 64-bit Arm CPU (NEON, 16-byte vectors)
+AARCH64_TRIPLE = "aarch64-linux-gnu"
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,15 @@ class TargetModel:
     cores: int  # parallel workers: CPU threads, or SMs
     onchip_bytes: int  # per-core cache budget (L2) or shared memory per block
     vector_bytes: int  # SIMD register width in bytes (CUDA: a warp of 4-byte lanes)
+    mtriple: str = ""  # LLVM target triple; "" for this host's (x86-64) and for cuda targets
 
     @property
     def key(self) -> str:
         """Short stable name used in cache keys and file names."""
-        return f"llvm-{self.cpu}-{self.cores}c" if self.kind == "llvm" else f"cuda-{self.arch}"
+        if self.kind == "cuda":
+            return f"cuda-{self.arch}"
+        machine = f"{triple_arch(self.mtriple)}-" if self.mtriple else ""
+        return f"llvm-{machine}{self.cpu}-{self.cores}c"
 
     def lanes(self, dtype: str) -> int:
         """Vector lanes of `dtype` (float16 is computed in float32 lanes on CPUs)."""
@@ -57,8 +65,28 @@ class TargetModel:
 
         host = {"kind": "llvm", "mcpu": host_cpu().cpu, "num-cores": host_cpu().cores}
         if self.kind == "llvm":
-            return tvm.target.Target({"kind": "llvm", "mcpu": self.cpu, "num-cores": self.cores})
+            triple = {"mtriple": self.mtriple} if self.mtriple else {}
+            return tvm.target.Target({"kind": "llvm", "mcpu": self.cpu, "num-cores": self.cores, **triple})
         return tvm.target.Target({"kind": "cuda", "arch": self.arch, "host": host})
+
+    def features(self) -> frozenset:
+        """The CPU's LLVM features ("avx512f", "sse2", "neon", ...); empty for cuda."""
+        if self.kind != "llvm":
+            return frozenset()
+        return _llvm_features(self.mtriple, self.cpu)
+
+
+def triple_arch(mtriple: str) -> str:
+    """The architecture of an LLVM triple ("aarch64" of "aarch64-linux-gnu")."""
+    return mtriple.partition("-")[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _llvm_features(mtriple: str, cpu: str) -> frozenset:
+    import tvm
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, **({"mtriple": mtriple} if mtriple else {})})
+    return frozenset(tvm.get_global_func("target.llvm_get_cpu_features")(target))
 
 
 def _read_l2_bytes() -> int:
@@ -125,6 +153,44 @@ def other_cpu(spec: str) -> TargetModel:
     return TargetModel("llvm", mcpu, "", int(cores) if cores else host_cpu().cores, _read_l2_bytes(), vector)
 
 
+def llvm_cpu(mtriple: str, mcpu: str = "generic", cores: int | None = None) -> TargetModel:
+    """A CPU of any architecture LLVM targets (e.g. mtriple "aarch64-linux-gnu"; an x86-64
+    triple gives other_cpu's model): its kernels build here to assembly (linking them needs
+    that platform's toolchain) and run there. Its vector width is LLVM's for the CPU; cores
+    default to this host's, the on-chip budget is this host's L2."""
+    import tvm
+
+    if triple_arch(mtriple) == "x86_64":
+        return other_cpu(f"{mcpu}:{cores}" if cores else mcpu)
+    if not tvm.get_global_func("target.llvm_is_valid_cpu")(mcpu, mtriple):
+        raise BadParamError(f"target mtriple {mtriple!r}, mcpu {mcpu!r}: not a CPU LLVM knows for that triple")
+    if cores is not None and (not isinstance(cores, int) or cores < 1):
+        raise BadParamError(f"target mtriple {mtriple!r}: the core count must be a positive integer, got {cores!r}")
+    target = tvm.target.Target({"kind": "llvm", "mtriple": mtriple, "mcpu": mcpu})
+    vector = tvm.get_global_func("target.llvm_get_vector_width")(target) // 8
+    return TargetModel("llvm", mcpu, "", cores or host_cpu().cores, _read_l2_bytes(), max(vector, 4), mtriple)
+
+
+def from_tvm(spec: dict) -> TargetModel:
+    """The model of a TVM target dict: {"kind": "llvm"[, "mtriple", "mcpu", "num-cores"]} or
+    {"kind": "cuda"[, "arch"]}."""
+    kind = spec.get("kind")
+    if kind == "cuda":
+        return cuda(spec.get("arch"))
+    if kind != "llvm":
+        raise BadParamError(f"unknown target kind {kind!r}; expected one of {', '.join(TARGET_KINDS)}")
+    unknown = set(spec) - {"kind", "mtriple", "mcpu", "num-cores"}
+    if unknown:
+        raise BadParamError(f"target {spec!r}: unsupported keys {', '.join(sorted(unknown))}")
+    mtriple, mcpu, cores = spec.get("mtriple", ""), spec.get("mcpu"), spec.get("num-cores")
+    if mtriple:
+        return llvm_cpu(mtriple, mcpu or "generic", cores)
+    if mcpu is None and cores is None:
+        return host_cpu()
+    mcpu = mcpu or host_cpu().cpu
+    return other_cpu(f"{mcpu}:{cores}" if cores else mcpu)
+
+
 def cuda(arch: str | None = None) -> TargetModel:
     """An NVIDIA target; without `arch` the local GPU's, else sm_80."""
     arch = arch or local_cuda_arch() or DEFAULT_CUDA_ARCH
@@ -148,26 +214,62 @@ def local_cuda_arch() -> str | None:
 
 
 def resolve(target) -> TargetModel:
-    """Accept "llvm" (this host), "llvm:MCPU[:CORES]" (another x86-64 CPU), "cuda", "cuda:sm_90"
-    or a TargetModel."""
+    """Accept "llvm" (this host), "llvm:MCPU[:CORES]" (another x86-64 CPU), "llvm:aarch64[:CORES]"
+    (a generic 64-bit Arm CPU), "cuda", "cuda:sm_90", a TVM target dict (from_tvm) or a
+    TargetModel."""
     if isinstance(target, TargetModel):
         return target
+    if isinstance(target, dict):
+        return from_tvm(target)
     if not isinstance(target, str):
         raise BadParamError(f"target must be a string such as 'llvm' or 'cuda', got {target!r}")
     kind, _, arch = target.partition(":")
     if kind == "llvm":
+        cpu, _, cores = arch.partition(":")
+        if cpu == "aarch64":
+            if cores and (not cores.isdigit() or int(cores) < 1):
+                raise BadParamError(f"target {target}: the core count must be a positive integer, got {cores!r}")
+            return llvm_cpu(AARCH64_TRIPLE, "generic", int(cores) if cores else None)
         return other_cpu(arch) if arch else host_cpu()
     if kind == "cuda":
         return cuda(arch or None)
     raise BadParamError(f"unknown target {target!r}; expected one of {', '.join(TARGET_KINDS)}")
 
 
+def missing_features(model: TargetModel) -> list[str]:
+    """The features of `model`'s CPU that this host lacks (by CPUID; LLVM's tuning flags,
+    which no instruction needs, are not CPUID features and are left out); ["<arch>"] for
+    another architecture, [] for the host's own CPU."""
+    import tvm
+
+    if model.mtriple and triple_arch(model.mtriple) != platform.machine():
+        return [triple_arch(model.mtriple)]
+    if model.cpu == host_cpu().cpu:
+        return []
+    host = dict(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")())
+    return sorted(f for f in model.features() if f in host and not host[f])
+
+
 def require_runnable(model: TargetModel) -> None:
-    """Raise ArchMismatchError when kernels for `model` cannot run in this process."""
-    if model.kind == "llvm" and model.cpu != host_cpu().cpu:
-        raise ArchMismatchError(f"target llvm:{model.cpu} is not this machine's CPU ({host_cpu().cpu}); "
-                                f"build it with `build --target`, or tune it on its board with --rpc-tracker")
+    """Raise ArchMismatchError when kernels for `model` cannot run in this process: another
+    architecture, or an x86-64 CPU with a feature this host lacks (a CPU whose features
+    this host has all of runs here, e.g. haswell's AVX2 code on an AVX-512 host)."""
+    if model.kind == "llvm":
+        missing = missing_features(model)
+        if missing:
+            raise ArchMismatchError(f"target {model.key} needs {', '.join(missing)}, which this machine's CPU "
+                                    f"({host_cpu().cpu}) lacks; build it with `build --target`, or run it on "
+                                    f"its board with --rpc-tracker")
     if model.kind == "cuda":
         local = local_cuda_arch()
         if local is None:
             raise ArchMismatchError("target 'cuda' needs an NVIDIA GPU; none is visible to this process")
+
+
+def require_measurable(model: TargetModel) -> None:
+    """require_runnable, and for a CPU: this host's own, since timings of another CPU's
+    kernels taken here say little about that CPU."""
+    if model.kind == "llvm" and (model.cpu != host_cpu().cpu or model.mtriple):
+        raise ArchMismatchError(f"target {model.key} is not this machine's CPU ({host_cpu().cpu}); "
+                                f"measure it on its board with --rpc-tracker")
+    require_runnable(model)

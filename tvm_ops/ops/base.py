@@ -17,8 +17,11 @@ class Operator:
     recipe = None  # the op's schedule module: one function per target kind (llvm, cuda)
 
     def __init__(self):
+        from ..invocation import CallCache
+
         self.spec = spec.load(self.name)
         self.schedules = schedule_file.load(self.name)
+        self._calls = CallCache(self.CALL_CACHE_SIZE)
 
     # --- contract -----------------------------------------------------------
     def rules(self, problem: checks.Problem) -> None:
@@ -54,9 +57,35 @@ class Operator:
         `kernels.plan` is the plan of the library the kernels come from."""
         raise NotImplementedError
 
+    def value_rules(self, problem: checks.Problem, inputs: dict) -> None:
+        """Checks of input values (not metadata), run on every call, repeated ones included;
+        device tensors are read through interop.host_values (once per tensor and version)."""
+
     # --- the call path ----------------------------------------------------------
+    CALL_CACHE_SIZE = 256  # call signatures remembered per operator
+
     def call(self, inputs: dict, params: dict, target, out: dict):
-        from .. import dispatch, invocation
+        """Run the operator; a call with the signature of a recent one skips the checks of
+        metadata, the kernel lookup and the dictionary building (invocation.CallPlan)."""
+        key = self._signature(inputs, params, target, out)
+        plan = self._calls.get(key) if key is not None else None
+        if plan is None:
+            plan = self._checked(inputs, params, target, out)
+            if key is not None:
+                self._calls.put(key, plan)
+        return plan.run(inputs, out)
+
+    def _signature(self, inputs: dict, params: dict, target, out: dict):
+        parts = [target if isinstance(target, (str, targets.TargetModel)) else None]
+        parts += [interop.signature(inputs.get(t.name)) for t in self.spec.inputs]
+        parts += [interop.signature(out.get(t.name)) for t in self.spec.outputs]
+        parts += [interop.signature(value) for value in params.values()]
+        return None if None in parts else (tuple(params), *parts)
+
+    def _checked(self, inputs: dict, params: dict, target, out: dict):
+        """The full path: every check, then the kernels for the call's shape class."""
+        from .. import dispatch
+        from ..invocation import CallPlan
 
         model = targets.resolve(target)
         problem = checks.check(self.spec, inputs, params, out, self.rules)
@@ -67,14 +96,15 @@ class Operator:
             raise BadParamError(f"{self.name}: tensors on {problem.device} cannot run on target "
                                 f"{model.kind!r}; move them to {device}")
         if problem.empty:
-            for given in problem.outs.values():
-                interop.zero(given.value)
-            return invocation.returned(self, invocation.outputs(self, problem, zero=True))
+            return CallPlan(self, problem, None)
         targets.require_runnable(model)
-        kernels = dispatch.kernels(self, problem.dtype, model, records.problem_class(self.spec, problem))
-        call = invocation.Invocation(self, problem)
-        call.run(kernels)
-        return call.returned()
+        return CallPlan(self, problem, dispatch.kernels(self, problem.dtype, model,
+                                                        records.problem_class(self.spec, problem)))
+
+    def clear_call_cache(self) -> None:
+        """Forget the remembered call signatures: the next calls take the full path again
+        (and see changed tuning records or environment variables)."""
+        self._calls.clear()
 
     def output_dtype(self, tensor_spec, problem) -> str:
         """The dtype of an output: its own, or that of the input it follows (dtype_of)."""

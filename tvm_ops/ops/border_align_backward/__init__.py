@@ -14,12 +14,15 @@ llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
   scatter_tail  the C % V tail channels (launched only when C % V != 0)
   cast          float32 accumulator -> grad_input (CUDA float16 only; see below)
 
-- llvm (owner computes, no atomics, deterministic): an owner (n, s, V-channel group) zeroes
-  a private float32 tile [H, W, V], walks k = 0..K-1 in order adding every sample into it,
-  then stores the tile into its columns of grad_input (rounding once for float16; streamed
-  past the caches when grad_input starts on a cache line, as our own outputs do). Different
-  (s, c) columns never collide, so owners need no atomics, and every element is summed in the
-  same order whatever the thread count. Corner adds (knob corner_adds):
+- llvm (owner computes, no atomics, deterministic; a hand-written loop nest, TensorIR in its
+  scheduled form rather than a compute plus a schedule, because the task counter, the staged
+  per-box values, the per-lane lookups and the streamed stores are not schedule primitives):
+  an owner (n, s, V-channel group) zeroes a private float32 tile [H, W, V], walks
+  k = 0..K-1 in order adding every sample into it, then stores the tile into its columns of
+  grad_input (rounding once for float16; streamed past the caches when grad_input starts on
+  a cache line, as our own outputs do). Different (s, c) columns never collide, so owners
+  need no atomics, and every element is summed in the same order whatever the thread count.
+  Corner adds (knob corner_adds):
     per_position (default): a border moves along one axis, so its samples' corners are a
       range of cells on that axis crossed with two fixed rows. Each such map position gets
       one contiguous V-lane tile row add, each lane's weight looked up (AVX-512 vpermps) in
@@ -34,6 +37,10 @@ llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
       lane (TVM scalarises the scatter across tile rows).
   All three give the same bits (each lane gets its own sample's products g * (hy * hx), one
   per tile position; +0 changes no bit in a tile that starts at +0 with weights >= 0).
+  Portable fallback (ops/cpu_ir.py holds the x86-only IR, chosen by the target's LLVM
+  features): without AVX-512 (an AVX2 x86, aarch64) the plan takes per_sample for
+  per_position, and without x86's non-temporal stores and SFENCE (aarch64) the tile rows
+  are plain stores; same results, slower.
 - cuda (mlu-ops' plan): one thread per (n, k, s, c), channels fastest, atomicAdd of the 4
   weighted corners into grad_input (float32, zeroed first) or into a zeroed float32 workspace
   that `cast` rounds once into grad_input (float16: accumulate in float32, round once).
@@ -48,8 +55,8 @@ docs/kernels/border_align_backward.md.
 
 from __future__ import annotations
 
-from ... import policy
 from ...errors import BadParamError
+from .. import cpu_ir
 from ..base import Operator
 from . import compute, schedule
 from .compute import CAST, CHANNEL_GROUP, SCATTER, TAIL
@@ -79,18 +86,17 @@ class BorderAlignBackward(Operator):
         Task split: the seed splits the N*K*4 borders evenly over taskDim; here a task is an
         owner (n, border, owner_lanes channels), handed out by the shared task counter on the
         CPU (ops/task_queue.py), and one thread per (n, k, border, channel) on CUDA."""
-        pol = policy.for_target(model)
         # deal_num, the channels of one pass: owner_lanes (V), in whole channel groups of 16
         # (one AVX-512 float32 vector); its private tile [H, W, V] float32 stays in L2
         plan = {"channel_group": CHANNEL_GROUP, **knobs}
         if model.kind == "cuda":
             plan["owner_lanes"] = CHANNEL_GROUP  # the CUDA kernels split C at 16 (main | tail)
-        elif plan.get("corner_adds") == "per_position" and pol.lanes < CHANNEL_GROUP:
-            plan["corner_adds"] = "per_sample"  # its lookup is one 16-lane vector (vpermps)
+        elif plan.get("corner_adds") == "per_position" and not cpu_ir.has_lane_lookup(model.features()):
+            plan["corner_adds"] = "per_sample"  # its lookup is AVX-512's 16-lane vpermps
         return plan
 
     def computes(self, dtype, plan, model):
-        return compute.computes(dtype, model.kind, plan)
+        return compute.computes(dtype, model.kind, plan, model.features())
 
     def workspaces(self, problem, plan):
         if problem.device != "cuda" or problem.dtype == "float32":

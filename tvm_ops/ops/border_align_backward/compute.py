@@ -1,10 +1,17 @@
 """Kernels of border_align_backward: a hand-written CPU loop nest and the CUDA atomics.
 
-The CPU kernel (`_owner_func`) is TensorIR written in its scheduled form, not a compute
-plus a schedule: its corner adds look weights up per lane and its tile rows are stored
-streamed, neither of which a TensorIR schedule primitive expresses. The operator's module
-docstring describes the plans; schedule.py binds the CUDA kernels and adds nothing to the
-CPU one.
+The CPU kernel (`_owner_func`) is a hand-written loop nest: TensorIR written in its
+scheduled form, not a compute plus a schedule. Its owners take tasks from a shared counter,
+stage per-box values in local arrays between vectorised lane loops, look weights up per lane
+and stream their tile rows out, none of which a TensorIR schedule primitive expresses. The
+operator's module docstring describes the plans; schedule.py binds the CUDA kernels and adds
+nothing to the CPU one.
+
+Its x86-only LLVM IR (the vpermps lookup, the streamed stores and their SFENCE) comes from
+ops/cpu_ir.py, chosen by the target's features. The portable fallback, for an x86 CPU
+without AVX-512 or another architecture such as aarch64: corner_adds=per_sample instead of
+per_position (the plan switches; same bits, slower), and plain stores with no fence for
+the tile rows.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 from ...host_buffers import LINE_BYTES
-from .. import task_queue
+from .. import cpu_ir, task_queue
 from ..prefetch import prefetch_words
 
 SCATTER = "border_align_backward_scatter"
@@ -32,31 +39,6 @@ TILE_STORE_AHEAD = 8
 # up per lane with a variable permute; the last entry stands for "no sample" (weight 0), so
 # it serves pool_size < 15 (larger pool sizes take per_sample)
 POSITION_TABLE = 16
-
-
-def _lookup_ir(lanes: int) -> str:
-    """LLVM IR of tvm_ops_lookup16_x<lanes>(table <16 x float>, index <lanes x i32>): each
-    lane's table[index & 15], one AVX-512 vpermps per 16 lanes (TVM has no permute builtin;
-    the same lookup written as element extracts became 16 scalar loads from the stack)."""
-    vi, vf = f"<{lanes} x i32>", f"<{lanes} x float>"
-    body = []
-    parts = []
-    for q in range(0, lanes, 16):
-        mask = ", ".join(f"i32 {q + j}" for j in range(16))
-        body += [f"  %i{q} = shufflevector {vi} %i, {vi} poison, <16 x i32> <{mask}>",
-                 f"  %p{q} = call <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float> %t, <16 x i32> %i{q})"]
-        parts.append((f"%p{q}", 16))
-    while len(parts) > 1:  # concatenate neighbours: 16 + 16 -> 32 -> ...
-        merged = []
-        for a in range(0, len(parts), 2):
-            (x, wx), (y, wy) = parts[a], parts[a + 1]
-            name = f"%c{len(body)}"
-            mask = ", ".join(f"i32 {j}" for j in range(wx + wy))
-            body.append(f"  {name} = shufflevector <{wx} x float> {x}, <{wy} x float> {y}, <{wx + wy} x i32> <{mask}>")
-            merged.append((name, wx + wy))
-        parts = merged
-    return (f"define {vf} @tvm_ops_lookup16_x{lanes}(<16 x float> %t, {vi} %i) alwaysinline {{\nentry:\n"
-            + "\n".join(body) + f"\n  ret {vf} {parts[0][0]}\n}}\n")
 
 
 def _all_finite_ir(lanes: int) -> str:
@@ -94,22 +76,6 @@ def _reduce(op, rows, row):
 def _line_words(dtype: str) -> int:
     """Words of dtype in a cache line."""
     return LINE_BYTES // np.dtype(dtype).itemsize
-
-
-def _stream_ir(lanes: int, dtype: str) -> str:
-    """LLVM IR of tvm_ops_stream_x<lanes>_<dtype>(ptr, vector): a non-temporal store of whole
-    cache lines (the pointer must be line-aligned); tvm_ops_line_aligned(ptr): 1 if the
-    pointer is; tvm_ops_store_fence(): orders the streamed stores before the owner ends."""
-    v = f"<{lanes} x {'float' if dtype == 'float32' else 'half'}>"
-    return (f"define void @tvm_ops_stream_x{lanes}_{dtype}(ptr %p, {v} %v) alwaysinline {{\nentry:\n"
-            f"  store {v} %v, ptr %p, align {LINE_BYTES}, !nontemporal !0\n  ret void\n}}\n"
-            "define i32 @tvm_ops_line_aligned(ptr %p) alwaysinline {\nentry:\n"
-            f"  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, {LINE_BYTES - 1}\n  %c = icmp eq i64 %m, 0\n"
-            "  %z = zext i1 %c to i32\n  ret i32 %z\n}\n"
-            "declare void @llvm.x86.sse.sfence()\n"
-            "define void @tvm_ops_store_fence() alwaysinline {\nentry:\n"
-            "  call void @llvm.x86.sse.sfence()\n  ret void\n}\n"
-            "!0 = !{i32 1}\n")
 
 
 def _line_aligned(buf):
@@ -378,7 +344,8 @@ def _only_if(enabled: bool, condition):
     return condition if enabled else False
 
 
-def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int, parallel: str):
+def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, prefetch: int, parallel: str,
+                features: frozenset):
     """CPU: owner (n, s, channel group) accumulates into a private float32 tile, then stores
     it into grad_input[n, :, :, s*C + channels] in dtype.  Main kernel: groups of
     lanes_per_owner (V) vector lanes, channels [0, C // V * V).  Tail kernel: the C % V last
@@ -400,11 +367,10 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
     # the main kernel's owners store V-word rows: whole lines when V words are
     stream = not tail and V % _line_words(dtype) == 0
     if stream:
-        llvm_ir.append(_stream_ir(V, dtype))
+        llvm_ir.append(cpu_ir.stream_ir(features, V, dtype))
     if by_position:
-        llvm_ir.append("declare <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float>, <16 x i32>)\n")
         widths = sorted({V, G} | ({wide} if wide else set()))
-        llvm_ir += [REDUCE_IR] + [f(lanes) for f in (_lookup_ir, _all_finite_ir) for lanes in widths]
+        llvm_ir += [cpu_ir.lookup16_ir(features, widths), REDUCE_IR] + [_all_finite_ir(lanes) for lanes in widths]
     whole_border = parallel == "border"
 
     @T.prim_func(s_tir=True)
@@ -504,12 +470,13 @@ def _cast_func(dtype: str):
     return cast
 
 
-def computes(dtype: str, kind: str, plan: dict) -> dict:
+def computes(dtype: str, kind: str, plan: dict, features: frozenset = frozenset()) -> dict:
+    """The kernels; `features`: the CPU's LLVM features, which pick the IR of cpu_ir."""
     # every library has the same three kernels (the loader looks up Operator.kernel_names);
     # the CPU owners round while storing, so the CPU launch never calls `cast`
     if kind == "cuda":
         scatter, tail = _atomic_func(dtype, False), _atomic_func(dtype, True)
     else:
-        knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"], plan["parallel"])
+        knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"], plan["parallel"], features)
         scatter, tail = _owner_func(dtype, False, *knobs), _owner_func(dtype, True, *knobs)
     return {SCATTER: scatter, TAIL: tail, CAST: _cast_func(dtype)}

@@ -25,6 +25,7 @@ import numpy as np
 
 from ... import policy
 from ...errors import BadParamError
+from ... import interop
 from ...interop import zero as _zero
 from ..base import Operator
 from . import schedule
@@ -45,7 +46,10 @@ def voxel_num_value(voxel_num):
         if int(np.prod(shape)) != 1:
             raise BadParamError(f"dynamic_scatter_backward: voxel_num must be an int or a one-element "
                                 f"int32 array, got shape {list(shape)}")
-        return int(voxel_num.reshape(-1)[0].item() if hasattr(voxel_num, "item") else voxel_num.reshape(-1)[0])
+        if isinstance(voxel_num, np.ndarray) or interop._is_torch(voxel_num):
+            # a CUDA tensor is read once per tensor and version (interop.host_values)
+            return interop.host_values(voxel_num, lambda values: int(values.reshape(-1)[0]))
+        return int(np.from_dlpack(voxel_num).reshape(-1)[0])
     return voxel_num  # not an integer: the spec's check names it
 
 

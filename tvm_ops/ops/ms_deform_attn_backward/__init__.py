@@ -24,10 +24,14 @@ heads), used when C matches.
       slices are handed out to the cores one at a time by a counter, task_queue).
       `backward_private` works on a contiguous [K, C] copy of the slice (picked by
       shape, policy_llvm); `backward` zero-fills grad_value in one parallel pass
-      first. The kernel is written in its scheduled form: TensorIR's block rules
-      cannot fuse the scatter (a reduction block with an init) with the per-sample
-      channel dots, and the fused pass is what makes it fast (each random row is
-      read once, not twice).
+      first. The kernel is a hand-written loop nest, TensorIR in its scheduled form
+      rather than a compute plus a schedule: TensorIR's block rules cannot fuse the
+      scatter (a reduction block with an init) with the per-sample channel dots, and
+      the fused pass is what makes it fast (each random row is read once, not twice).
+      It is portable as written, so it has no separate fallback: its LLVM IR (the task
+      counter's atomicrmw, llvm.fma) is generic, and the channel loop takes the
+      target's vector width (16 lanes with AVX-512, 8 with AVX2, 4 on aarch64's NEON);
+      a CPU without FMA instructions gets LLVM's exact software fma, slower.
   CUDA (cuda_backward_compute, scheduled in schedules/): the same TensorIR blocks
       as two nests (corner + scatter with atomicAdd; corner + corner_dot +
       finalize) in one function, which TVM launches as two kernels; both names
@@ -51,7 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import policy
+from ... import interop, policy
 from ...errors import BadParamError
 from ..base import Operator
 from . import schedule
@@ -91,14 +95,16 @@ class MsDeformAttnBackward(Operator):
             if batch % im2col:
                 raise BadParamError(f"{op}: im2col_step: min(B, im2col_step) = {im2col} must divide "
                                     f"value.shape[0] (B) = {batch}, got im2col_step={step}")
-        shapes = _host_int64(problem.inputs["spatial_shapes"].value)
-        if (shapes < 0).any():
-            raise BadParamError(f"{op}: spatial_shapes must be non-negative (h, w) pairs, got "
-                                f"{shapes.tolist()}")
-        total = int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
-        if total != sizes["K"]:
-            raise BadParamError(f"{op}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
-                                f"{total}, got {sizes['K']}")
+
+    def value_rules(self, problem, inputs):
+        # K == sum(h*w): read on the host for host tensors, once per tensor for CUDA ones (the
+        # kernels guard every row by 0 <= row < K, so inconsistent values stay memory-safe)
+        negative, total = interop.host_values(inputs["spatial_shapes"], _level_problems)
+        if negative is not None:
+            raise BadParamError(f"{self.name}: spatial_shapes must be non-negative (h, w) pairs, got {negative}")
+        if total != problem.sizes["K"]:
+            raise BadParamError(f"{self.name}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
+                                f"{total}, got {problem.sizes['K']}")
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
@@ -137,11 +143,11 @@ class MsDeformAttnBackward(Operator):
             "grad_value", "grad_sampling_loc", "grad_attn_weight")))
 
 
-def _host_int64(value) -> np.ndarray:
-    """A small int tensor (numpy or torch, any device) as int64 numpy, shape [L, 2]."""
-    if not isinstance(value, np.ndarray):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, np.int64).reshape(-1, 2)
+def _level_problems(values: np.ndarray):
+    """(the pairs if any is negative else None, sum(h*w)) of spatial_shapes' values."""
+    shapes = np.asarray(values, np.int64).reshape(-1, 2)
+    negative = shapes.tolist() if (shapes < 0).any() else None
+    return negative, int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
 
 
 OP = MsDeformAttnBackward()

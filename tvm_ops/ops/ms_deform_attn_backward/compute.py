@@ -1,9 +1,12 @@
 """Kernels of ms_deform_attn_backward: a hand-written CPU loop nest and the CUDA compute.
 
-The CPU kernel (`cpu_backward_compute`) is TensorIR written in its scheduled form, not a
-compute plus a schedule: TensorIR's block rules cannot fuse the scatter (a reduction block
-with an init) with the per-sample channel dots, and the fused pass is what makes it fast.
-The CUDA compute (`cuda_backward_compute`) is scheduled by schedule.py.
+The CPU kernel (`cpu_backward_compute`) is a hand-written loop nest: TensorIR written in
+its scheduled form, not a compute plus a schedule, because TensorIR's block rules cannot
+fuse the scatter (a reduction block with an init) with the per-sample channel dots, and the
+fused pass is what makes it fast. It needs no fallback for other CPUs: its LLVM IR
+(task_queue's atomicrmw, FMA_IR's llvm.fma) is generic, so nothing here belongs in
+ops/cpu_ir.py, and its lanes are the target's (TargetModel.lanes: 4 on aarch64). The CUDA
+compute (`cuda_backward_compute`) is scheduled by schedule.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,96 @@
+"""Unusual but legal inputs just work; wrong ones get the library's own error, not a raw one."""
+
+import numpy as np
+import pytest
+
+import tvm_ops
+from tvm_ops import runner
+from tvm_ops.ops import NAMES, get
+from tvm_ops.testing import material
+
+from .conftest import gpu_skip_reason, requires_torch
+from .test_cli import cli
+
+GO = np.random.default_rng(0).uniform(-1, 1, (1, 2, 3)).astype(np.float32)
+IDX = np.array([[[0, 1, 1], [1, 0, 0], [1, 1, 1]]], np.int32)
+W = np.full((1, 3, 3), 0.5, np.float32)
+EXPECTED = tvm_ops.three_interpolate_backward(GO, IDX, W, 2)
+
+
+def read_only(array):
+    frozen = array.copy()
+    frozen.flags.writeable = False
+    return frozen
+
+
+@pytest.mark.parametrize("make", [read_only, lambda a: np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)],
+                         ids=["flagged", "immutable_memory"])
+def test_read_only_inputs_just_work(make):
+    for _ in range(2):  # the checked call and the repeated one
+        np.testing.assert_array_equal(tvm_ops.three_interpolate_backward(make(GO), make(IDX), make(W), 2), EXPECTED)
+
+
+def test_big_endian_inputs_are_converted():
+    np.testing.assert_array_equal(
+        tvm_ops.three_interpolate_backward(GO.astype(">f4"), IDX.astype(">i4"), W.astype(">f4"), 2), EXPECTED)
+
+
+@pytest.mark.parametrize("out, why", [(read_only(np.zeros((1, 2, 2), np.float32)), "is read-only"),
+                                      (np.zeros((1, 2, 2), ">f4"), "non-native byte order")])
+def test_unusable_out_buffers_are_refused(out, why):
+    with pytest.raises(tvm_ops.BadParamError, match=why):
+        tvm_ops.three_interpolate_backward(GO, IDX, W, out=out)
+
+
+def test_a_scalar_parameter_is_named_as_such():
+    with pytest.raises(tvm_ops.BadParamError, match=r"must equal m = 2, got 5"):
+        tvm_ops.three_interpolate_backward(GO, IDX, W, 2, out=np.zeros((1, 2, 5), np.float32))
+
+
+@requires_torch
+@pytest.mark.parametrize("name", NAMES)
+def test_meta_tensors_get_a_bad_param_error(name):
+    import torch
+
+    op = get(name)
+    case = next(c for c in op.spec.cases if c.expect == "ok" and all(c.shape.values()))
+    inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(name, case.name, "float32"))
+    with pytest.raises(tvm_ops.BadParamError, match="tensors on meta"):
+        op.call({k: torch.from_numpy(v).to("meta") for k, v in inputs.items()}, params, "llvm", {})
+
+
+@pytest.mark.parametrize("command", ["test", "bench"])
+def test_an_unknown_case_fails_like_tune(command):
+    done = cli(command, "--case", "nope")
+    assert done.returncode == 2 and "error [BAD_PARAM]: no spec case named 'nope'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_test_command_for_cuda_without_a_gpu_says_arch_mismatch():
+    if gpu_skip_reason() is None:
+        pytest.skip("a GPU is visible here")
+    done = cli("test", "--target", "cuda", "--op", "three_interpolate_backward")
+    assert done.returncode == 2 and done.stderr.startswith("error [ARCH_MISMATCH]")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_large_copy_of_a_broadcast_input_is_logged(monkeypatch, caplog):
+    from tvm_ops import interop
+
+    monkeypatch.setattr(interop, "COPY_WARN_BYTES", 200)
+    broadcast = np.broadcast_to(GO[:, :1], (1, 40, 3))
+    with caplog.at_level("WARNING", logger="tvm_ops.interop"):
+        tvm_ops.three_interpolate_backward(broadcast, IDX, W, 2)
+    assert "copying a strided or broadcast input of shape [1, 40, 3]" in caplog.text
+
+
+def test_the_first_call_of_a_library_logs_its_build(tmp_path, monkeypatch, caplog):
+    from tvm_ops import dispatch
+
+    monkeypatch.setenv("TVM_OPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dispatch, "_loaded", {})
+    tvm_ops.clear_call_cache()
+    with caplog.at_level("INFO", logger="tvm_ops.dispatch"):
+        tvm_ops.three_interpolate_backward(GO, IDX, W, 2)
+    tvm_ops.clear_call_cache()
+    assert "building three_interpolate_backward-float32" in caplog.text and "first use" in caplog.text

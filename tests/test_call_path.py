@@ -1,0 +1,196 @@
+"""The repeated-call path: one full check per call signature, every bad input still caught,
+a bounded and thread-safe cache, and no host synchronisation on CUDA."""
+
+import concurrent.futures as cf
+
+import numpy as np
+import pytest
+
+import tvm_ops
+from tvm_ops import checks, runner
+from tvm_ops.ops import NAMES, get
+from tvm_ops.testing import material
+
+from .conftest import gpu_skip_reason, requires_torch
+
+
+def first_ok(op):
+    return next(c for c in op.spec.cases if c.expect == "ok" and not c.heavy and all(c.shape.values()))
+
+
+def generated(op, case, dtype="float32"):
+    return material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+
+
+@pytest.fixture
+def check_count(monkeypatch):
+    counted = []
+    real = checks.check
+    monkeypatch.setattr(checks, "check", lambda *a, **k: counted.append(1) or real(*a, **k))
+    return counted
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_repeated_call_runs_the_checks_once_and_gives_the_same_result(name, check_count):
+    op = get(name)
+    op.clear_call_cache()
+    inputs, params = generated(op, first_ok(op))
+    first = op.call(inputs, params, "llvm", {})
+    first = first if isinstance(first, tuple) else (first,)
+    out = {t.name: np.full_like(v, np.nan if v.dtype.kind == "f" else -7) for t, v in zip(op.spec.outputs, first)}
+    for _ in range(5):
+        again = op.call(inputs, params, "llvm", {})
+        op.call(inputs, params, "llvm", out)
+        for a, b, c in zip(first, again if isinstance(again, tuple) else (again,), out.values()):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c)
+    assert len(check_count) == 2  # one signature without out=, one with
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_cases_still_raise_after_a_good_call(name):
+    op = get(name)
+    inputs, params = generated(op, first_ok(op))
+    op.call(inputs, params, "llvm", {})
+    for case in op.spec.cases:
+        if case.expect == "ok" or case.heavy:
+            continue
+        bad_inputs, bad_params = generated(op, case)
+        for _ in range(2):  # the second time the signature has been seen (and was refused)
+            with pytest.raises(tvm_ops.OpError) as raised:
+                op.call(bad_inputs, bad_params, "llvm", {})
+            assert raised.value.status == case.expect
+
+
+def test_bad_values_with_the_same_shapes_still_raise():
+    op = get("ms_deform_attn_backward")
+    inputs, params = generated(op, first_ok(op))
+    op.call(inputs, params, "llvm", {})
+    wrong = dict(inputs, spatial_shapes=inputs["spatial_shapes"] + np.int32(1))
+    with pytest.raises(tvm_ops.BadParamError, match=r"sum\(h\*w\)"):
+        op.call(wrong, params, "llvm", {})
+    op.call(inputs, params, "llvm", {})  # and the good values still run
+
+
+def test_a_changed_parameter_or_given_output_is_a_new_signature(check_count):
+    op = get("three_interpolate_backward")
+    op.clear_call_cache()
+    inputs, params = generated(op, first_ok(op))
+    op.call(inputs, params, "llvm", {})
+    with pytest.raises(tvm_ops.BadParamError):
+        op.call(inputs, dict(params, m=-1), "llvm", {})
+    ro = op.call(inputs, params, "llvm", {})
+    ro.flags.writeable = False  # a read-only out= buffer has another signature than a writable one
+    op.call(inputs, params, "llvm", {"grad_features": np.empty_like(ro)})
+    assert len(check_count) == 3
+
+
+def test_clear_call_cache_forgets_every_signature(check_count):
+    op = get("three_interpolate_backward")
+    inputs, params = generated(op, first_ok(op))
+    tvm_ops.clear_call_cache()
+    op.call(inputs, params, "llvm", {})
+    op.call(inputs, params, "llvm", {})
+    tvm_ops.clear_call_cache()
+    assert len(op._calls) == 0
+    op.call(inputs, params, "llvm", {})
+    assert len(check_count) == 2
+
+
+def test_the_cache_is_bounded(monkeypatch):
+    op = get("three_interpolate_backward")
+    op.clear_call_cache()
+    monkeypatch.setattr(op._calls, "size", 8)
+    rng = np.random.default_rng(0)
+    for m in range(1, 20):
+        op.call({"grad_output": rng.uniform(size=(1, 2, 3)).astype(np.float32),
+                 "indices": rng.integers(0, m, (1, 3, 3)).astype(np.int32),
+                 "weights": rng.uniform(size=(1, 3, 3)).astype(np.float32)}, {"m": m}, "llvm", {})
+    assert len(op._calls) == 8
+
+
+def test_threads_with_different_signatures_agree_with_one_thread():
+    op = get("three_interpolate_backward")
+    rng = np.random.default_rng(1)
+    problems = []
+    for i in range(12):
+        b, c, n, m = 1 + i % 3, 2 + i % 5, 4 + i, 3 + i % 4
+        problems.append(({"grad_output": rng.uniform(-1, 1, (b, c, n)).astype(np.float32),
+                          "indices": rng.integers(0, m, (b, n, 3)).astype(np.int32),
+                          "weights": rng.uniform(0, 1, (b, n, 3)).astype(np.float32)}, {"m": m}))
+    op.clear_call_cache()
+    alone = [op.call(i, p, "llvm", {}) for i, p in problems]
+    op.clear_call_cache()
+    with cf.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            together = list(pool.map(lambda ip: op.call(ip[0], ip[1], "llvm", {}), problems * 4))
+            for a, b in zip(alone * 4, together):
+                np.testing.assert_array_equal(a, b)
+
+
+@requires_torch
+def test_torch_tensors_take_the_same_path():
+    import torch
+
+    op = get("border_align_backward")
+    inputs, params = generated(op, first_ok(op))
+    expected = op.call(inputs, params, "llvm", {})
+    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    for _ in range(3):
+        np.testing.assert_array_equal(op.call(tensors, params, "llvm", {}).numpy(), expected)
+
+
+@requires_torch
+def test_no_device_to_host_copy_in_a_repeated_cuda_call():
+    reason = gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    for name in NAMES:
+        op = get(name)
+        inputs, params = generated(op, first_ok(op))
+        tensors = {k: torch.from_numpy(v).cuda() for k, v in inputs.items()}
+        first = op.call(tensors, params, "cuda", {})
+        outs = first if isinstance(first, tuple) else (first,)
+        out = dict(zip((t.name for t in op.spec.outputs), outs))
+        op.call(tensors, params, "cuda", out)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            op.call(tensors, params, "cuda", out)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def test_the_overhead_bench_reports_every_call_kind():
+    from tvm_ops import overhead
+
+    line = overhead.overhead(get("three_interpolate_backward"), calls=20, blocks=2, peer=False)
+    assert line.kernels_us > 0 and set(line.calls_us) == set(line.host_us)
+    assert {"numpy out=", "numpy"} <= set(line.calls_us)
+    assert all(0 < line.host_us[k] for k in line.calls_us)
+
+
+def test_an_out_buffer_that_aliases_an_input_is_refused():
+    op = get("ms_deform_attn_backward")
+    inputs, params = generated(op, first_ok(op))
+    for _ in range(2):  # the checked call and the repeated one
+        with pytest.raises(tvm_ops.BadParamError, match="shares memory with value"):
+            tvm_ops.ms_deform_attn_backward(**inputs, **params, out=(inputs["value"], None, None))
+    # two outputs that share one element
+    value_shape, attn_shape = inputs["value"].shape, inputs["attn_weight"].shape
+    n_value, n_attn = int(np.prod(value_shape)), int(np.prod(attn_shape))
+    buffer = np.empty(n_value + n_attn, np.float32)
+    grad_value = buffer[:n_value].reshape(value_shape)
+    grad_attn = buffer[n_value - 1:n_value - 1 + n_attn].reshape(attn_shape)
+    with pytest.raises(tvm_ops.BadParamError, match="out\\['grad_value'\\] shares memory with grad_attn_weight"):
+        tvm_ops.ms_deform_attn_backward(**inputs, **params, out=(grad_value, None, grad_attn))
+
+
+@pytest.mark.parametrize("value", [2**31, 2**32 + 10, 2**40])
+def test_integer_parameters_beyond_int32_are_refused(value):
+    op = get("border_align_backward")
+    inputs, params = generated(op, first_ok(op))
+    with pytest.raises(tvm_ops.BadParamError, match="must be <= 2147483647"):
+        op.call(inputs, dict(params, pool_size=value), "llvm", {})

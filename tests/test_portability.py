@@ -1,0 +1,107 @@
+"""Every operator builds for CPUs other than this host's: aarch64 (to assembly, no linking)
+and an AVX2 x86 (haswell, whose code this AVX-512 host also runs: its spec cases pass)."""
+
+import subprocess
+import sys
+
+import pytest
+
+import tvm_ops
+from tvm_ops import build, dispatch, runner, targets
+from tvm_ops.ops import NAMES, get
+
+AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+
+# in a child process: LLVM aborts the process on an instruction the target lacks
+# ("LLVM ERROR: Cannot select"), which must fail one test, not end the run
+AARCH64_CHILD = """
+import sys, tvm
+from tvm_ops import dispatch, targets
+from tvm_ops.ops import get
+op, model = get(sys.argv[1]), targets.resolve({target!r})
+for dtype in op.spec.float_dtypes:
+    variant = dispatch.default_variant(op, dtype, model)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = tvm.tirx.build(variant.scheduled_module(), target=model.tvm_target())
+    asm = lib.inspect_source("asm")
+    print(dtype, variant.plan.get("corner_adds", "-"), len(asm), flush=True)
+    sys.stdout.write("\\n".join(l for l in asm.splitlines() if l.startswith("\\t")) + "\\n#END\\n")
+"""
+
+
+def test_aarch64_model():
+    model = targets.resolve(AARCH64)
+    assert (model.mtriple, model.cpu, model.vector_bytes, model.lanes("float32")) == ("aarch64-linux-gnu", "generic",
+                                                                                      16, 4)
+    assert targets.resolve("llvm:aarch64:4") == targets.resolve(dict(AARCH64, **{"num-cores": 4}))
+    assert model.key == f"llvm-aarch64-generic-{targets.host_cpu().cores}c"
+    assert model.tvm_target().export()["mtriple"] == "aarch64-linux-gnu"
+    assert "neon" in model.features() and "avx512f" not in model.features()
+    assert targets.host_cpu().mtriple == "" and "mtriple" not in targets.host_cpu().tvm_target().export()
+    with pytest.raises(tvm_ops.ArchMismatchError, match="aarch64"):
+        targets.require_runnable(model)
+    with pytest.raises(tvm_ops.BadParamError, match="positive integer"):
+        targets.resolve("llvm:aarch64:0")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_op_compiles_for_aarch64(name):
+    done = subprocess.run([sys.executable, "-c", AARCH64_CHILD.format(target=AARCH64), name],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listings = done.stdout.split("#END\n")[:-1]
+    assert len(listings) == len(get(name).spec.float_dtypes)
+    for asm in listings:
+        # NEON float32x4 arithmetic and aarch64 loads; no x86 register anywhere
+        assert ".4s" in asm and "\tldr\t" in asm and "\tret" in asm, asm[:2000]
+        assert "%xmm" not in asm and "%rsp" not in asm and "%zmm" not in asm
+
+
+def test_border_align_fallback_follows_features():
+    op = get("border_align_backward")
+    knobs = dispatch.default_variant(op, "float32", targets.host_cpu()).knobs
+    assert knobs["corner_adds"] == "per_position"
+    for target, expect in (("llvm:skylake-avx512", "per_position"), ("llvm:haswell", "per_sample"),
+                           ("llvm:aarch64", "per_sample")):
+        assert op.plan(targets.resolve(target), knobs)["corner_adds"] == expect, target
+
+
+def test_runs_here_when_the_host_has_every_feature():
+    assert targets.missing_features(targets.resolve("llvm:haswell")) == []
+    targets.require_runnable(targets.resolve("llvm:haswell"))
+    assert targets.missing_features(targets.host_cpu()) == []
+    # AVX-512 FP16 and AMX: features no AMD CPU has (yet)
+    missing = targets.missing_features(targets.resolve("llvm:sapphirerapids"))
+    if missing:
+        with pytest.raises(tvm_ops.ArchMismatchError, match="lacks"):
+            targets.require_runnable(targets.resolve("llvm:sapphirerapids"))
+    with pytest.raises(tvm_ops.ArchMismatchError, match="is not this machine's CPU"):
+        targets.require_measurable(targets.resolve("llvm:haswell"))
+
+
+@pytest.mark.skipif(targets.missing_features(targets.resolve("llvm:haswell")) != [],
+                    reason="this host lacks some of haswell's features")
+@pytest.mark.parametrize("name", NAMES)
+def test_haswell_build_passes_the_spec_cases_here(name):
+    op, haswell = get(name), targets.resolve("llvm:haswell")
+    cases = [(case, dtype) for case in op.spec.cases if not case.heavy for dtype in case.dtypes]
+    results = [runner.run_case(op, case, dtype, haswell) for case, dtype in cases]
+    failed = [(r.case, r.dtype, r.verdict, r.detail) for r in results if r.verdict != "pass"]
+    assert not failed
+    for dtype in op.spec.float_dtypes:
+        entry = build.find_entry(dispatch.default_variant(op, dtype, haswell))
+        assert entry is not None and build.manifest(entry)["target"] == haswell.key
+        asm = (entry / "kernels.s").read_text()
+        assert "ymm" in asm and "zmm" not in asm  # AVX2: 8 float32 lanes, no AVX-512 registers
+
+
+def test_an_aarch64_library_needs_a_cross_linker(tmp_path):
+    import shutil
+
+    model = targets.resolve(AARCH64)
+    if shutil.which(f"{model.mtriple}-g++"):
+        pytest.skip("a cross compiler is installed")
+    variant = dispatch.default_variant(get("three_interpolate_backward"), "float32", model)
+    with pytest.raises(tvm_ops.NotSupportedError, match="cross compiler"):
+        build.build_entry(variant, tmp_path)
+    assert not list(tmp_path.iterdir())
