@@ -84,7 +84,10 @@ def test_runs_here_when_the_host_has_every_feature():
 @pytest.mark.parametrize("name", NAMES)
 def test_haswell_build_passes_the_spec_cases_here(name):
     op, haswell = get(name), targets.resolve("llvm:haswell")
-    cases = [(case, dtype) for case in op.spec.cases if not case.heavy for dtype in case.dtypes]
+    # cases up to 32 MB of io: the larger boundary ones run the same code on more data (their
+    # float64 references take most of a minute), and the host target runs them all
+    cases = [(case, dtype) for case in op.spec.cases if not case.heavy and op.spec.theory(case.shape, 4)[0] < 32e6
+             for dtype in case.dtypes]
     results = [runner.run_case(op, case, dtype, haswell) for case, dtype in cases]
     failed = [(r.case, r.dtype, r.verdict, r.detail) for r in results if r.verdict != "pass"]
     assert not failed

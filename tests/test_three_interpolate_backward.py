@@ -138,7 +138,7 @@ def test_bad_m(m, pattern):
 
 
 def test_out_checks():
-    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_features'\].shape\[2\] \(M\) must equal m.shape\[0\] = 3, got 4"):
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_features'\].shape\[2\] \(M\) must equal m = 3, got 4"):
         call(out=np.zeros((2, 4, 4), np.float32))
     with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_features'\] must have the dtype of"):
         call(out=np.zeros((2, 4, 3), np.float16))

@@ -82,6 +82,7 @@ def test_tune_records_resumes_and_dispatches(tmp_path, model, monkeypatch):
     # calls dispatch by their shape class and stay correct: a call of the tuned class
     # loads the tuned library, one of another class the hand-tuned one
     loaded = []
+    OP.clear_call_cache()  # every call below takes the full path, as a call after new records would
     real_kernels = dispatch.kernels
     monkeypatch.setattr(dispatch, "kernels", lambda op, dtype, m, cls=None: loaded.append(cls) or real_kernels(
         op, dtype, m, cls))
