@@ -15,11 +15,19 @@ def cli(*args, env=None, timeout=600):
                           timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_help(command):
+@pytest.mark.parametrize("command", COMMANDS + ["tune"])
+def test_help_ends_with_an_example(command):
     done = cli(command, "--help")
     assert done.returncode == 0
     assert "--op" in done.stdout or command == "list"
+    assert done.stdout.strip().splitlines()[-1].startswith(f"example: python -m tvm_ops {command}")
+
+
+def test_shape_takes_several_sizes_after_one_flag():
+    from tvm_ops.__main__ import parser
+
+    args = parser().parse_args(["tune", "--op", "x", "--shape", "B=2", "C=8", "--shape", "N=16"])
+    assert args.shape == [("B", 2), ("C", 8), ("N", 16)]
 
 
 def test_list_shows_ops_dtypes_targets_and_cases():
@@ -64,11 +72,13 @@ def test_test_command_exits_non_zero_on_failure(tmp_path):
     assert "fail" in done.stdout and "# 2 failed" not in done.stdout and "# 1 failed" in done.stdout
 
 
-def test_bench_prints_figures_and_writes_json(tmp_path):
-    out = tmp_path / "bench.json"
+def test_bench_prints_figures_and_writes_json_and_a_plot(tmp_path):
+    out, picture = tmp_path / "bench.json", tmp_path / "bench.png"
     done = cli("bench", "--op", "three_interpolate_backward", "--cases", "boundary",
-               "--case", "bnd_7x63x129_m127", "--repeat", "3", "--json", str(out))
+               "--case", "bnd_7x63x129_m127", "--repeat", "3", "--json", str(out), "--plot", str(picture))
     assert done.returncode == 0, done.stderr
+    data = picture.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 2000  # a PNG with something drawn
     assert "stream bandwidth" in done.stdout and "GB/s" in done.stdout
     report = json.loads(out.read_text())
     (line,) = report["cases"]

@@ -92,6 +92,10 @@ def cmd_bench(args) -> int:
     if args.overhead:
         return _overhead(args, model)
     _require_case(_ops(args.op), args.case)
+    if args.plot:
+        from . import plot
+
+        plot.require()  # before the runs, not after them
     bandwidth = bench.stream_bandwidth(model)
     peak = bench.peak_flops(model)
     print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
@@ -107,6 +111,11 @@ def cmd_bench(args) -> int:
                 print(line.text(), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(bench.as_json(lines, bandwidth, model), indent=2))
+    if args.plot:
+        from . import plot
+
+        plot.bench_lines(lines, model.key, Path(args.plot))
+        print(f"# plot: {args.plot}")
     return 0
 
 
@@ -210,14 +219,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
     sub = p.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("build", help="build kernel libraries (one per op and dtype) for a target")
+    def command(name, help, example):
+        return sub.add_parser(name, help=help, description=help, epilog=f"example: {example}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    b = command("build", "build kernel libraries (one per op and dtype) for a target",
+                "python -m tvm_ops build --target cuda:sm_90 --op three_interpolate_backward")
     b.add_argument("--target", default="llvm", help=TARGET_HELP)
     b.add_argument("--op", default="all", help="operator name or 'all' (default)")
     b.add_argument("--dtype", default="all", help="float32, float16 or 'all' (default)")
     b.add_argument("--out", help="output directory (default: the on-disk cache that calls load from)")
     b.set_defaults(func=cmd_build)
 
-    t = sub.add_parser("test", help="run spec cases against the float64 reference")
+    t = command("test", "run spec cases against the float64 reference",
+                "python -m tvm_ops test --op border_align_backward --cases boundary")
     t.add_argument("--target", default="llvm", help=TARGET_HELP)
     t.add_argument("--op", default="all", help="operator name or 'all' (default)")
     t.add_argument("--dtype", default="all", help="float32, float16 or 'all' (default)")
@@ -225,7 +240,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--case", help="only this case name")
     t.set_defaults(func=cmd_test)
 
-    m = sub.add_parser("bench", help="time network cases; efficiency and the PyTorch peer ratio")
+    m = command("bench", "time network cases; efficiency and the PyTorch peer ratio",
+                "python -m tvm_ops bench --op ms_deform_attn_backward --json bench.json --plot bench.png")
     m.add_argument("--target", default="llvm", help=TARGET_HELP)
     m.add_argument("--op", default="all", help="operator name or 'all' (default)")
     m.add_argument("--dtype", default="float32", help="float32 (default), float16 or 'all'")
@@ -234,6 +250,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--repeat", type=int, default=10, help="timed runs per case (median reported)")
     m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
     m.add_argument("--json", help="also write the results to this JSON file")
+    m.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the results: per case our time and each peer's (log scale), with the "
+                        "io efficiency (needs matplotlib: pip install 'tvm_ops[plot]')")
     m.add_argument("--overhead", action="store_true",
                    help="instead: host time of a repeated tiny call per operator (numpy and torch, with "
                         "and without out=), against its kernels alone and the PyTorch peer")
@@ -241,12 +260,13 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--blocks", type=int, default=5, help="--overhead: blocks (the best is reported)")
     m.set_defaults(func=cmd_bench)
 
-    u = sub.add_parser("tune", help="search the schedule knobs of one operator; records the trials")
+    u = command("tune", "search the schedule knobs of one operator; records the trials",
+                "python -m tvm_ops tune --op three_interpolate_backward --shape B=2 C=8 --trials 8")
     u.add_argument("--op", required=True, help="operator name")
     u.add_argument("--target", default="llvm", help=TARGET_HELP)
     u.add_argument("--case", help="spec case to tune on (the shape class; default: the first network case)")
-    u.add_argument("--shape", action="append", type=_size, metavar="SYM=SIZE",
-                   help="replace one size of the case (repeatable), e.g. --shape N=8192")
+    u.add_argument("--shape", action="extend", nargs="+", type=_size, metavar="SYM=SIZE",
+                   help="replace sizes of the case, e.g. --shape B=2 C=8 (repeatable)")
     u.add_argument("--dtype", default="float32", help="float32 (default) or float16")
     u.add_argument("--trials", type=int, default=16, help="knob combinations to try, the hand-tuned one first")
     u.add_argument("--records", help="JSON-lines records file (default: tuning.jsonl in the cache directory)")
@@ -262,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
                         "kernel) and time the result against the hand-tuned default")
     u.set_defaults(func=cmd_tune)
 
-    ls = sub.add_parser("list", help="operators, dtypes, targets, schedules and cases")
+    ls = command("list", "operators, dtypes, targets, schedules and cases", "python -m tvm_ops list")
     ls.set_defaults(func=cmd_list)
     return p
 
