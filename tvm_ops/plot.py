@@ -29,7 +29,7 @@ def bench_lines(lines: list, target: str, path: Path) -> None:
 
     series = {"tvm_ops": [line.median_ms for line in lines]}
     for i, line in enumerate(lines):
-        peers = ({"torch": line.peer_ms} if line.peer_ms is not None else {}) | line.other_peers
+        peers = ({line.peer or "torch": line.peer_ms} if line.peer_ms is not None else {}) | line.other_peers
         for name, ms in peers.items():
             series.setdefault(name, [None] * len(lines))[i] = ms
     labels = [f"{line.op}\n{line.case} {line.dtype}" for line in lines]

@@ -58,8 +58,30 @@ def torch_peer(inputs, params):
 
 
 def peers(inputs, params):
-    return {"torch autograd(gather)": torch_peer(inputs, params),
-            "scatter_add_": _scatter_add_peer(inputs, params)}
+    """The PyTorch formulations the bench times (its ratio is against the fastest)."""
+    return {"autograd(gather)": torch_peer(inputs, params),
+            "scatter_add_": _scatter_add_peer(inputs, params),
+            "index_add_": _index_add_peer(inputs, params)}
+
+
+def _index_add_peer(inputs, params):
+    """The weighted gradients added into the flat output at a linear (b, c, m) index."""
+    import torch
+
+    go, idx, w = _torch_inputs(inputs)
+    m = params["m"]
+    batch, channels, points = go.shape
+    valid = (idx >= 0) & (idx < m)
+    rows = (torch.arange(batch).view(batch, 1, 1) * channels + torch.arange(channels).view(1, channels, 1)) * m
+    linear = (rows + idx.long().clamp(0, max(m - 1, 0)).reshape(batch, 1, points * 3)).reshape(-1)
+    weights = (w * valid.to(w.dtype)).reshape(batch, 1, points * 3)
+
+    def run():
+        contrib = (go.repeat_interleave(3, dim=2) * weights).reshape(-1)
+        return torch.zeros(batch * channels * m, dtype=go.dtype).index_add_(0, linear, contrib).view(
+            batch, channels, m)
+
+    return run
 
 
 def _scatter_add_peer(inputs, params):
