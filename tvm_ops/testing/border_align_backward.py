@@ -31,8 +31,8 @@ def torch_peer(inputs, params):
 
 
 def peers(inputs, params):
-    # the issue names both formulations; the ratio uses index_put_, usually the faster on
-    # the issue's network case (small cases can go either way)
+    # both formulations are timed; the ratio uses index_put_, usually the faster on
+    # the network case (small cases can go either way)
     args = _peer_args(inputs, params)
     return {"torch": torch_peer(inputs, params), "autograd": lambda: torch_autograd_gradient(*args)}
 
@@ -72,7 +72,7 @@ def box_layout(kind: str, n: int, k: int, h: int, w: int, rng) -> np.ndarray:
 
 
 def grad_input_reference(grad_output, boxes, argmax_idx, pool_size, height, width):
-    """float64 numpy reference written from SPEC_NOTES (np.bincount scatter)."""
+    """float64 numpy reference written from docs/semantics.md (np.bincount scatter)."""
     go = np.asarray(grad_output, dtype=np.float64)
     bx = np.asarray(boxes, dtype=np.float64)
     am = np.asarray(argmax_idx).astype(np.int64)
