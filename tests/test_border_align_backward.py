@@ -37,8 +37,8 @@ def check(result, go, bx, am, pool, h, w, dtype="float32"):
     assert acc.failures(OP.spec.accuracy[dtype]) == []
 
 
-def test_reference_matches_a_loop_over_the_spec_notes_rule():
-    # an independent scalar transcription of SPEC_NOTES, on a small input with every kind of box
+def test_reference_matches_a_loop_over_the_semantics_rule():
+    # an independent scalar transcription of docs/semantics.md, on a small input with every kind of box
     n, h, w, c, pool = 2, 3, 4, 3, 4
     go, bx, am = inputs(n, h, w, c, pool, boxes="partly_outside", spill=2, seed=3)
     out = np.zeros((n, h, w, 4 * c))

@@ -1,4 +1,4 @@
-"""The meta_schedule baseline (issue #7): TVM's auto-scheduler against the hand-tuned kernels on one case."""
+"""The meta_schedule baseline: TVM's auto-scheduler against the hand-tuned kernels on one case."""
 
 import numpy as np
 import pytest

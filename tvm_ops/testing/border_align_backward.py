@@ -72,7 +72,7 @@ def box_layout(kind: str, n: int, k: int, h: int, w: int, rng) -> np.ndarray:
 
 
 def grad_input_reference(grad_output, boxes, argmax_idx, pool_size, height, width):
-    """float64 numpy reference written from SPEC_NOTES (np.bincount scatter)."""
+    """float64 numpy reference written from docs/semantics.md (np.bincount scatter)."""
     go = np.asarray(grad_output, dtype=np.float64)
     bx = np.asarray(boxes, dtype=np.float64)
     am = np.asarray(argmax_idx).astype(np.int64)

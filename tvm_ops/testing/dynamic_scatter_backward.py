@@ -43,7 +43,7 @@ def make_inputs(case, dtype, rng):
 
 
 def reference(inputs, params):
-    """float64, from SPEC_NOTES. mean: the exact quotient rounded once to the output dtype
+    """float64, from docs/semantics.md. mean: the exact quotient rounded once to the output dtype
     (the best a float32 result can be, so the spec can ask diff3 == 0 of every mode)."""
     g = np.asarray(inputs["grad_voxel_feats"], np.float64)
     feats, voxel_feats = np.asarray(inputs["feats"]), np.asarray(inputs["voxel_feats"])

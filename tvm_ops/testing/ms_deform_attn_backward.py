@@ -76,7 +76,7 @@ def _msda_pytorch(value, shapes, loc, attn):
 
 
 # --------------------------------------------------------------------------
-# reference (float64 numpy, from the SPEC_NOTES math; independent of the kernels)
+# reference (float64 numpy, from the math in docs/semantics.md; independent of the kernels)
 # --------------------------------------------------------------------------
 REFERENCE_CHUNK = 1 << 22  # samples x channels per step: bounds the reference's memory
 

@@ -25,7 +25,7 @@ def make_inputs(case, dtype, rng):
 
 
 def reference(inputs, params):
-    """float64, from the SPEC_NOTES math: kept mask, then a grouped sum per voxel."""
+    """float64, from the math in docs/semantics.md: kept mask, then a grouped sum per voxel."""
     geom = np.asarray(inputs["geom_xyz"]).astype(np.int64)
     feat = np.asarray(inputs["input_features"])
     X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]

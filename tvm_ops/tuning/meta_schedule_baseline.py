@@ -1,6 +1,6 @@
 """TVM's own auto-scheduler (meta_schedule) as a baseline for the hand-tuned schedules.
 
-For one spec case (fixed shapes) `compare` does what issue #7 asks:
+For one spec case (fixed shapes) `compare` measures TVM's auto-scheduler against the hand schedules:
 
 1. runs the op once with the hand-tuned kernels, recording every kernel call's
    arguments (copies of the arrays it received, scalars by value): these give each
@@ -32,8 +32,8 @@ Two deliberate departures from meta_schedule's defaults, both stated in the outp
   trials a learned model has nothing to learn from anyway).
 
 Tuning runs in a child process: meta_schedule's runner worker and its logging stay
-there, and the timings in this process are not disturbed by leftover workers
-(TVM_NOTES.md). Candidates are built in that child with meta_schedule's own build
+there, and the timings in this process are not disturbed by leftover workers (on a
+2-core machine, tuning workers left in the timing process distort its timings). Candidates are built in that child with meta_schedule's own build
 function (LocalBuilder's fresh worker per batch costs 1-2 minutes here) and measured
 by TVM's LocalRunner in a worker process. Both configurations are timed on 64-byte
 aligned copies of the case's tensors (see align_tensors).

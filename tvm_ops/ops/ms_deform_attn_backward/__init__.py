@@ -5,7 +5,7 @@ value[b, :, head, :] at sampling_loc[b, q, head, l, p] and weights it by
 attn_weight[b, q, head, l, p]. The backward scatters grad_output * attn *
 corner weight into the four corner rows of grad_value, and reduces over the
 channels for grad_attn_weight and grad_sampling_loc. Semantics (strict sample
-validity test, per-corner validity, w_l / h_l factors): SPEC_NOTES.md; the
+validity test, per-corner validity, w_l / h_l factors): docs/semantics.md; the
 contract: specs/ms_deform_attn_backward.yaml.
 
 Kernels (symbolic B, K, H, C, L, Q, P): `backward` and `backward_private`, one
@@ -19,7 +19,7 @@ heads), used when C matches.
       its samples level by level in (q, p) order and, per corner row, does the scatter
       grad_value[row] += w_k a g and the dot d_k = sum_c g v_k in the same
       vectorised channel loop; then grad_attn = sum_k w_k d_k and
-      grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the SPEC_NOTES
+      grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the reference's
       formulas regrouped per corner). Deterministic, no atomics on the data (the
       slices are handed out to the cores one at a time by a counter, task_queue).
       `backward_private` works on a contiguous [K, C] copy of the slice (picked by

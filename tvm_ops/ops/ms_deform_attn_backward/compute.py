@@ -369,7 +369,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                         d[k] = sums[k * (V // 4)]
                     else:
                         d[k] = d[k] + sums[k * (V // 4)]
-                # d_k = 0 for unused corners; the SPEC_NOTES sums regrouped per corner
+                # d_k = 0 for unused corners; the reference's sums regrouped per corner
                 gattn[b, q, h, l, p] = ((one - lh) * ((one - lw) * d[0] + lw * d[1])
                                         + lh * ((one - lw) * d[2] + lw * d[3]))
                 gloc[b, q, h, l, p, 0] = T.Cast(dtype, wl) * a * ((one - lh) * (d[1] - d[0]) + lh * (d[3] - d[2]))
