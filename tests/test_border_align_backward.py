@@ -1,5 +1,9 @@
 """border_align_backward: spec cases, properties, checks, guard regions, out= and interop."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -230,12 +234,18 @@ def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
     # owners walk k in order and every lane receives its own sample's 4 adds in the same order
     # (per_sample's other lanes add +0, which changes no bit): the same bits whichever task
     # split, corner-add form, owner width or prefetch distance the schedule picks, on every run
-    from tvm_ops import targets
-    from tvm_ops.ops.border_align_backward import SCATTER, TAIL
-
     # C = 85: one 64-lane owner + a 21-channel tail, five 16-lane owners + 5, or all tail at 128
     n, h, w, c, pool = 2, 6, 7, 85, 5
     go, bx, am = inputs(n, h, w, c, pool, dtype, "partly_outside", spill=1, seed=11)
+    same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype)
+
+
+def same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype):
+    """Each llvm knob variant's kernels, twice: all the same bits, and the reference's values."""
+    from tvm_ops import targets
+    from tvm_ops.ops.border_align_backward import SCATTER, TAIL
+
+    n, c = go.shape[0], go.shape[3]
     model = targets.resolve("llvm")
     results = []
     for knobs in cpu_knob_variants():
@@ -252,6 +262,51 @@ def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
     check(results[0], go, bx, am, pool, h, w, dtype)
     for other in results[1:]:
         np.testing.assert_array_equal(other.view(np.uint8), results[0].view(np.uint8))
+
+
+def test_cpu_variants_at_the_largest_pool_size():
+    # pool_size 2**31 - 1: the per-sample adds visit only the blocks of 16 samples that hold
+    # some lane's argmax (here the first, some in between and the last, whose end is INT32_MAX)
+    n, h, w, c, pool = 2, 4, 6, 85, 2**31 - 1
+    go, bx, am = inputs(n, h, w, c, 10, "float32", "partly_outside", seed=13)
+    rng = np.random.default_rng(14)
+    far = np.array([16, 31, 1000, 2**20 + 3, pool - 16, pool - 15, pool - 1, pool, -1, np.iinfo(np.int32).min],
+                   np.int64)
+    pick = rng.random(am.shape) < 0.3
+    am[pick] = rng.choice(far, pick.sum()).astype(np.int32)
+    same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, "float32")
+
+
+# the child: a network-like case with every argmax in [0, 10], at pool sizes that leave
+# almost every sample unnamed; its time must follow the data, not pool_size
+LARGE_POOL_CHILD = """
+import numpy as np, tvm_ops
+from tvm_ops import metrics
+from tvm_ops.ops.border_align_backward import OP
+from tvm_ops.testing.border_align_backward import box_layout, grad_input_reference
+n, h, w, c = 1, 25, 38, 144
+rng = np.random.default_rng(21)
+go = rng.uniform(-1, 1, (n, h * w, 4, c)).astype(np.float32)
+bx = box_layout("inside", n, h * w, h, w, rng).astype(np.float32)
+am = rng.integers(0, 11, (n, h * w, 4, c)).astype(np.int32)
+for pool in (10, 10**6, 2**31 - 1):
+    out = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    ref = grad_input_reference(go, bx, am, pool, h, w)
+    assert metrics.accuracy(out, ref, "float32").failures(OP.spec.accuracy["float32"]) == [], pool
+print("ok")
+"""
+
+
+def test_time_follows_the_argmax_values_not_pool_size():
+    # computing every sample of every box would take minutes at pool_size 10**6 and hours at
+    # 2**31 - 1: a regression fails by the timeout instead of hanging the suite. The library
+    # (pool_size is a runtime argument) is built here first, out of the child's time
+    go, bx, am = inputs(1, 2, 3, 144)
+    check(tvm_ops.border_align_backward(go, bx, am, 10, height=2, width=3), go, bx, am, 10, 2, 3)
+    done = subprocess.run([sys.executable, "-c", LARGE_POOL_CHILD], env=dict(os.environ), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 # --- out= ------------------------------------------------------------------------
