@@ -50,13 +50,15 @@ def test_reference_matches_a_loop_over_the_spec_notes_rule():
         for k in range(h * w):
             x0, y0, x1, y1 = bx[b, k].astype(np.float64)
             start = [(x0, y0), (x0, y0), (x1, y1), (x1, y1)]
+            end = [(x1, y0), (x0, y1), (x0, y1), (x1, y0)]
             step = [((x1 - x0) / pool, 0), (0, (y1 - y0) / pool), (-(x1 - x0) / pool, 0), (0, -(y1 - y0) / pool)]
             for s in range(4):
                 for ch in range(c):
                     i = am[b, k, s, ch]
                     if not 0 <= i <= pool:
                         continue
-                    x, y = start[s][0] + i * step[s][0], start[s][1] + i * step[s][1]
+                    # the last sample is the end corner itself (start + pool * step can round past it)
+                    x, y = end[s] if i == pool else (start[s][0] + i * step[s][0], start[s][1] + i * step[s][1])
                     if y < -1 or y > h or x < -1 or x > w:
                         continue
                     y, x = max(y, 0.0), max(x, 0.0)
@@ -84,9 +86,8 @@ def test_reference_matches_a_loop_over_the_spec_notes_rule():
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9), c=st.integers(1, 40),
-       # not "edges": a sample exactly on -1 or H/W is kept or skipped depending on how the
-       # coordinate rounds; the kernel computes it in float32 (as mmcv), the reference in float64
-       pool=st.integers(1, 12), boxes=st.sampled_from(["inside", "partly_outside", "degenerate"]),
+       pool=st.integers(1, 24),
+       boxes=st.sampled_from(["inside", "partly_outside", "degenerate", "edges", "corners"]),
        spill=st.integers(0, 3), dtype=st.sampled_from(["float32", "float16"]), seed=st.integers(0, 2**16))
 def test_random_shapes_and_boxes(n, h, w, c, pool, boxes, spill, dtype, seed):
     go, bx, am = inputs(n, h, w, c, pool, dtype, boxes, spill, seed)
@@ -184,6 +185,27 @@ def test_nonfinite_gradients_reach_only_their_own_corners():
     assert np.isnan(result).any() and np.isinf(result).any()
     finite = np.isfinite(ref)
     np.testing.assert_allclose(result[finite], ref[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("c", [5, 130])  # per-lane adds (C < 16); 128-lane owner + 2-channel tail
+# the end corners (W, -1) and (-1, H): in float32, start + pool * ((end - start) / pool) lands
+# 1-4 ulp outside [-1, H] x [-1, W] at these sizes, and the last sample would be skipped
+@pytest.mark.parametrize("h, w, pool", [(6, 6, 13), (11, 11, 21)], ids=["per_position", "per_sample"])
+def test_last_sample_is_the_end_corner(h, w, pool, c, dtype):
+    go, _bx, _am = inputs(2, h, w, c, pool, dtype, seed=pool)
+    bx = np.tile(np.array([-1, -1, w, h], dtype), (2, h * w, 1))
+    am = np.full(go.shape, pool, np.int32)
+    out = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    check(out, go, bx, am, pool, h, w, dtype)
+    # each border's last sample is a corner of the map, so its whole gradient lands on one pixel:
+    # top and right end at (W, -1), pixel (0, W-1); left and bottom at (-1, H), pixel (H-1, 0)
+    sums = go.astype(np.float64).sum(1)  # [N, 4, C]
+    expected = np.zeros((2, h, w, 4, c))
+    for s, (py, px) in enumerate([(0, w - 1), (h - 1, 0), (h - 1, 0), (0, w - 1)]):
+        expected[:, py, px, s] = sums[:, s]
+    tol = 1e-4 if dtype == "float32" else 0.1
+    np.testing.assert_allclose(out.astype(np.float64), expected.reshape(out.shape), rtol=1e-3, atol=tol)
 
 
 @pytest.mark.parametrize("pool", [14, 15, 40])
