@@ -1,5 +1,9 @@
 """border_align_backward: spec cases, properties, checks, guard regions, out= and interop."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -46,13 +50,15 @@ def test_reference_matches_a_loop_over_the_semantics_rule():
         for k in range(h * w):
             x0, y0, x1, y1 = bx[b, k].astype(np.float64)
             start = [(x0, y0), (x0, y0), (x1, y1), (x1, y1)]
+            end = [(x1, y0), (x0, y1), (x0, y1), (x1, y0)]
             step = [((x1 - x0) / pool, 0), (0, (y1 - y0) / pool), (-(x1 - x0) / pool, 0), (0, -(y1 - y0) / pool)]
             for s in range(4):
                 for ch in range(c):
                     i = am[b, k, s, ch]
                     if not 0 <= i <= pool:
                         continue
-                    x, y = start[s][0] + i * step[s][0], start[s][1] + i * step[s][1]
+                    # the last sample is the end corner itself (start + pool * step can round past it)
+                    x, y = end[s] if i == pool else (start[s][0] + i * step[s][0], start[s][1] + i * step[s][1])
                     if y < -1 or y > h or x < -1 or x > w:
                         continue
                     y, x = max(y, 0.0), max(x, 0.0)
@@ -80,9 +86,8 @@ def test_reference_matches_a_loop_over_the_semantics_rule():
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 3), h=st.integers(1, 9), w=st.integers(1, 9), c=st.integers(1, 40),
-       # not "edges": a sample exactly on -1 or H/W is kept or skipped depending on how the
-       # coordinate rounds; the kernel computes it in float32 (as mmcv), the reference in float64
-       pool=st.integers(1, 12), boxes=st.sampled_from(["inside", "partly_outside", "degenerate"]),
+       pool=st.integers(1, 24),
+       boxes=st.sampled_from(["inside", "partly_outside", "degenerate", "edges", "corners"]),
        spill=st.integers(0, 3), dtype=st.sampled_from(["float32", "float16"]), seed=st.integers(0, 2**16))
 def test_random_shapes_and_boxes(n, h, w, c, pool, boxes, spill, dtype, seed):
     go, bx, am = inputs(n, h, w, c, pool, dtype, boxes, spill, seed)
@@ -182,6 +187,27 @@ def test_nonfinite_gradients_reach_only_their_own_corners():
     np.testing.assert_allclose(result[finite], ref[finite], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("c", [5, 130])  # per-lane adds (C < 16); 128-lane owner + 2-channel tail
+# the end corners (W, -1) and (-1, H): in float32, start + pool * ((end - start) / pool) lands
+# 1-4 ulp outside [-1, H] x [-1, W] at these sizes, and the last sample would be skipped
+@pytest.mark.parametrize("h, w, pool", [(6, 6, 13), (11, 11, 21)], ids=["per_position", "per_sample"])
+def test_last_sample_is_the_end_corner(h, w, pool, c, dtype):
+    go, _bx, _am = inputs(2, h, w, c, pool, dtype, seed=pool)
+    bx = np.tile(np.array([-1, -1, w, h], dtype), (2, h * w, 1))
+    am = np.full(go.shape, pool, np.int32)
+    out = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    check(out, go, bx, am, pool, h, w, dtype)
+    # each border's last sample is a corner of the map, so its whole gradient lands on one pixel:
+    # top and right end at (W, -1), pixel (0, W-1); left and bottom at (-1, H), pixel (H-1, 0)
+    sums = go.astype(np.float64).sum(1)  # [N, 4, C]
+    expected = np.zeros((2, h, w, 4, c))
+    for s, (py, px) in enumerate([(0, w - 1), (h - 1, 0), (h - 1, 0), (0, w - 1)]):
+        expected[:, py, px, s] = sums[:, s]
+    tol = 1e-4 if dtype == "float32" else 0.1
+    np.testing.assert_allclose(out.astype(np.float64), expected.reshape(out.shape), rtol=1e-3, atol=tol)
+
+
 @pytest.mark.parametrize("pool", [14, 15, 40])
 def test_pool_sizes_past_the_position_table(pool):
     # per_position's table holds samples 0..14 (entry 15 is "no sample"); larger pool sizes
@@ -230,12 +256,18 @@ def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
     # owners walk k in order and every lane receives its own sample's 4 adds in the same order
     # (per_sample's other lanes add +0, which changes no bit): the same bits whichever task
     # split, corner-add form, owner width or prefetch distance the schedule picks, on every run
-    from tvm_ops import targets
-    from tvm_ops.ops.border_align_backward import SCATTER, TAIL
-
     # C = 85: one 64-lane owner + a 21-channel tail, five 16-lane owners + 5, or all tail at 128
     n, h, w, c, pool = 2, 6, 7, 85, 5
     go, bx, am = inputs(n, h, w, c, pool, dtype, "partly_outside", spill=1, seed=11)
+    same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype)
+
+
+def same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype):
+    """Each llvm knob variant's kernels, twice: all the same bits, and the reference's values."""
+    from tvm_ops import targets
+    from tvm_ops.ops.border_align_backward import SCATTER, TAIL
+
+    n, c = go.shape[0], go.shape[3]
     model = targets.resolve("llvm")
     results = []
     for knobs in cpu_knob_variants():
@@ -252,6 +284,51 @@ def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
     check(results[0], go, bx, am, pool, h, w, dtype)
     for other in results[1:]:
         np.testing.assert_array_equal(other.view(np.uint8), results[0].view(np.uint8))
+
+
+def test_cpu_variants_at_the_largest_pool_size():
+    # pool_size 2**31 - 1: the per-sample adds visit only the blocks of 16 samples that hold
+    # some lane's argmax (here the first, some in between and the last, whose end is INT32_MAX)
+    n, h, w, c, pool = 2, 4, 6, 85, 2**31 - 1
+    go, bx, am = inputs(n, h, w, c, 10, "float32", "partly_outside", seed=13)
+    rng = np.random.default_rng(14)
+    far = np.array([16, 31, 1000, 2**20 + 3, pool - 16, pool - 15, pool - 1, pool, -1, np.iinfo(np.int32).min],
+                   np.int64)
+    pick = rng.random(am.shape) < 0.3
+    am[pick] = rng.choice(far, pick.sum()).astype(np.int32)
+    same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, "float32")
+
+
+# the child: a network-like case with every argmax in [0, 10], at pool sizes that leave
+# almost every sample unnamed; its time must follow the data, not pool_size
+LARGE_POOL_CHILD = """
+import numpy as np, tvm_ops
+from tvm_ops import metrics
+from tvm_ops.ops.border_align_backward import OP
+from tvm_ops.testing.border_align_backward import box_layout, grad_input_reference
+n, h, w, c = 1, 25, 38, 144
+rng = np.random.default_rng(21)
+go = rng.uniform(-1, 1, (n, h * w, 4, c)).astype(np.float32)
+bx = box_layout("inside", n, h * w, h, w, rng).astype(np.float32)
+am = rng.integers(0, 11, (n, h * w, 4, c)).astype(np.int32)
+for pool in (10, 10**6, 2**31 - 1):
+    out = tvm_ops.border_align_backward(go, bx, am, pool, height=h, width=w)
+    ref = grad_input_reference(go, bx, am, pool, h, w)
+    assert metrics.accuracy(out, ref, "float32").failures(OP.spec.accuracy["float32"]) == [], pool
+print("ok")
+"""
+
+
+def test_time_follows_the_argmax_values_not_pool_size():
+    # computing every sample of every box would take minutes at pool_size 10**6 and hours at
+    # 2**31 - 1: a regression fails by the timeout instead of hanging the suite. The library
+    # (pool_size is a runtime argument) is built here first, out of the child's time
+    go, bx, am = inputs(1, 2, 3, 144)
+    check(tvm_ops.border_align_backward(go, bx, am, 10, height=2, width=3), go, bx, am, 10, 2, 3)
+    done = subprocess.run([sys.executable, "-c", LARGE_POOL_CHILD], env=dict(os.environ), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 # --- out= ------------------------------------------------------------------------

@@ -16,6 +16,10 @@ def make_inputs(case, dtype, rng):
     boxes = box_layout(x.get("boxes", "inside"), n, k, h, w, rng).astype(dtype)
     spill = int(x.get("argmax_spill", 0))
     argmax = rng.integers(-spill, pool + 1 + spill, (n, k, 4, c)).astype(np.int32)
+    ends = float(x.get("argmax_ends", 0))
+    if ends:  # this fraction of the argmax values names the first or the last sample
+        pick = rng.random(argmax.shape) < ends
+        argmax[pick] = rng.choice(np.array([0, pool], np.int32), pick.sum())
     params = {"pool_size": pool, "height": h, "width": w, "out_channels": s["Q"]}
     return {"grad_output": grad_output, "boxes": boxes, "argmax_idx": argmax}, params
 
@@ -66,9 +70,44 @@ def box_layout(kind: str, n: int, k: int, h: int, w: int, rng) -> np.ndarray:
         cand_y = np.array([-1.0, 0.0, h - 1.0, float(h), h - 0.5, -0.5])
         xs = rng.choice(cand_x, (n, k, 2))
         ys = rng.choice(cand_y, (n, k, 2))
+    elif kind == "corners":        # every corner exactly on -1, 0, W-1 or W (x) and -1, 0, H-1 or H (y)
+        xs = rng.choice(np.array([-1.0, 0.0, w - 1.0, float(w)]), (n, k, 2))
+        ys = rng.choice(np.array([-1.0, 0.0, h - 1.0, float(h)]), (n, k, 2))
     else:
         raise ValueError(f"unknown box layout {kind!r}")
     return np.stack([xs[..., 0], ys[..., 0], xs[..., 1], ys[..., 1]], -1)
+
+
+def border_sample(x0, y0, x1, y1, i, pool_size, where):
+    """(x, y) of sample i (0..pool_size) on borders s = 0..3 (top, left, bottom, right) of
+    boxes (x0, y0, x1, y1), for numpy (where=np.where) or torch (torch.where): the sample
+    rule that the kernels' `_sample_xy` (ops/border_align_backward/compute.py) computes in
+    float32. x0.. are [..., 1, 1] or broadcast so; the border axis is dim -2, i [..., 4, C].
+
+    A border moves along one axis from its start corner to its end corner: top (x0, y0) ->
+    (x1, y0), left (x0, y0) -> (x0, y1), bottom (x1, y1) -> (x0, y1), right (x1, y1) ->
+    (x1, y0). Along that axis a = start + i * ((end - start) / pool_size) (SPEC_NOTES'
+    start + i * step), except a = end at i == pool_size: the product can round past the end
+    corner, and an end corner exactly on -1, H or W would then drop out of the map. The
+    other axis is the start corner's, untouched (no 0 * width: inf * 0 is NaN)."""
+    cat = (lambda parts: np.concatenate(parts, -2)) if where is np.where else _torch_cat
+    sx, sy = cat([x0, x0, x1, x1]), cat([y0, y0, y1, y1])
+    ex, ey = cat([x1, x0, x0, x1]), cat([y0, y1, y1, y0])
+    fi = i.astype(sx.dtype) if where is np.where else i.to(sx.dtype)
+    moves_x = (np.arange(4) % 2 == 0)[:, None]
+    if where is not np.where:
+        import torch
+
+        moves_x = torch.from_numpy(moves_x)
+    x = where(moves_x, where(i == pool_size, ex, sx + fi * ((ex - sx) / pool_size)), sx)
+    y = where(~moves_x, where(i == pool_size, ey, sy + fi * ((ey - sy) / pool_size)), sy)
+    return x, y
+
+
+def _torch_cat(parts):
+    import torch
+
+    return torch.cat(parts, -2)
 
 
 def grad_input_reference(grad_output, boxes, argmax_idx, pool_size, height, width):
@@ -78,19 +117,10 @@ def grad_input_reference(grad_output, boxes, argmax_idx, pool_size, height, widt
     am = np.asarray(argmax_idx).astype(np.int64)
     n, _k, _, c = go.shape
     h, w, p = int(height), int(width), int(pool_size)
-    x0, y0, x1, y1 = (bx[..., j] for j in range(4))            # [N, K]
-    zero = np.zeros_like(x0)
+    x0, y0, x1, y1 = (bx[..., j, None, None] for j in range(4))  # [N, K, 1, 1]
     with np.errstate(invalid="ignore", over="ignore"):
-        wdt, hgt = x1 - x0, y1 - y0
-        sx = np.stack([x0, x0, x1, x1], -1)[..., None]           # [N, K, 4, 1]
-        sy = np.stack([y0, y0, y1, y1], -1)[..., None]
-        dx = np.stack([wdt / p, zero, -wdt / p, zero], -1)[..., None]
-        dy = np.stack([zero, hgt / p, zero, -hgt / p], -1)[..., None]
         ok = (am >= 0) & (am <= p)
-        ii = np.where(ok, am, 0).astype(np.float64)
-        # the axis a border does not move along has step 0 (not 0 * width): i * 0 = 0
-        x = sx + np.where(dx == 0, 0.0, ii * dx)
-        y = sy + np.where(dy == 0, 0.0, ii * dy)
+        x, y = border_sample(x0, y0, x1, y1, np.where(ok, am, 0), p, np.where)
         ok &= (y >= -1) & (y <= h) & (x >= -1) & (x <= w)        # NaN -> False
     x = np.where(ok, np.maximum(x, 0), 0)
     y = np.where(ok, np.maximum(y, 0), 0)
@@ -125,17 +155,9 @@ def _torch_corners(go, bx, am, pool_size, height, width):
     am = am.long()
     n, _k, _, c = go.shape
     h, w, p = int(height), int(width), int(pool_size)
-    x0, y0, x1, y1 = bx.unbind(-1)
-    wdt, hgt = x1 - x0, y1 - y0
-    zero = torch.zeros_like(x0)
-    sx = torch.stack([x0, x0, x1, x1], -1)[..., None]
-    sy = torch.stack([y0, y0, y1, y1], -1)[..., None]
-    dx = torch.stack([wdt / p, zero, -wdt / p, zero], -1)[..., None]
-    dy = torch.stack([zero, hgt / p, zero, -hgt / p], -1)[..., None]
+    x0, y0, x1, y1 = (bx[..., j, None, None] for j in range(4))
     ok = (am >= 0) & (am <= p)
-    ii = torch.where(ok, am, 0).to(go.dtype)
-    x = sx + ii * dx
-    y = sy + ii * dy
+    x, y = border_sample(x0, y0, x1, y1, torch.where(ok, am, 0), p, torch.where)
     ok &= (y >= -1) & (y <= h) & (x >= -1) & (x <= w)
     x = torch.where(ok, x.clamp(min=0), 0)
     y = torch.where(ok, y.clamp(min=0), 0)

@@ -2,7 +2,8 @@
 
 For each (n, k, border s, channel c), i = argmax_idx[n, k, s, c]; when 0 <= i <= pool_size,
 grad_output[n, k, s, c] is spread bilinearly at the border sample start_s + i * step_s of box
-k into grad_input[n, :, :, s*C + c]. Layout (the seed's NHWC): grad_output [N, K, 4, C],
+k (sample pool_size: exactly the border's end corner; the rule: compute.py's _sample_xy) into
+grad_input[n, :, :, s*C + c]. Layout (the seed's NHWC): grad_output [N, K, 4, C],
 boxes [N, K, 4] (x0, y0, x1, y1), argmax_idx [N, K, 4, C] int32, grad_input [N, H, W, 4C]
 with K == H*W. Border s: 0 top, 1 left, 2 bottom, 3 right. Contract:
 specs/border_align_backward.yaml.
@@ -29,10 +30,12 @@ llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
       the position's 16-entry table of per-sample weights: ~23 row adds per box on the
       network case instead of per_sample's 44. pool_size < 15 and finite gradients (a lane
       adds g * 0 where its sample has no corner); otherwise per_sample, in the same kernel.
-    per_sample: the V lanes of one (n, k, s) share the box, so there are only
-      pool_size + 1 sample positions; their geometry is computed once (16 samples per
-      vector), then per sample the lanes whose argmax names it add their gradient at its 4
-      corners, each a contiguous V-lane tile row (vector load/FMA/store); other lanes add +0.
+    per_sample: the V lanes of one (n, k, s) share the box, so their samples are among the
+      border's pool_size + 1; the geometry is computed 16 samples per vector, only for the
+      blocks of 16 that hold some lane's argmax (a vector min over the lanes finds the next
+      one: the work follows the argmax values, never pool_size), then per sample the lanes
+      whose argmax names it add their gradient at its 4 corners, each a contiguous V-lane
+      tile row (vector load/FMA/store); other lanes add +0.
     per_lane: each lane computes its own sample (vectors), then its 4 corner adds are per
       lane (TVM scalarises the scatter across tile rows).
   All three give the same bits (each lane gets its own sample's products g * (hy * hx), one

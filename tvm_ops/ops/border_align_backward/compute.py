@@ -31,8 +31,9 @@ CAST = "border_align_backward_cast"
 # channels with a kernel of its own: TVM 0.27 scalarises a predicated split of a symbolic
 # loop, and loop_partition refuses dynamic extents.
 CHANNEL_GROUP = 16
-# corner_adds=per_sample computes the pool_size + 1 sample positions of a box 16 at a time
-SAMPLE_BLOCK = 16
+# corner_adds=per_sample computes the sample positions of a box 16 at a time
+SAMPLE_BLOCK_BITS = 4
+SAMPLE_BLOCK = 1 << SAMPLE_BLOCK_BITS
 # map positions ahead that an owner's final tile store prefetches its grad_input columns
 TILE_STORE_AHEAD = 8
 # corner_adds=per_position: a map position's weight per sample is one 16-entry vector, looked
@@ -59,18 +60,25 @@ def _lookup(table, index, lanes):
     return T.call_pure_extern(f"float32x{lanes}", f"tvm_ops_lookup16_x{lanes}", table, index[T.Ramp(0, 1, lanes)])
 
 
-REDUCE_IR = "".join(
-    f"declare i32 @llvm.vector.reduce.s{op}.v16i32(<16 x i32>)\n"
-    f"define i32 @tvm_ops_{op}16(<16 x i32> %v) alwaysinline {{\nentry:\n"
-    f"  %r = call i32 @llvm.vector.reduce.s{op}.v16i32(<16 x i32> %v)\n  ret i32 %r\n}}\n"
-    for op in ("min", "max"))
+def _reduce_ir(ops_lanes) -> str:
+    """LLVM IR of tvm_ops_s<op>_x<lanes>(<lanes x i32>) for each (op, lanes), op min or max:
+    the smallest or largest lane (each intrinsic declared once)."""
+    return "".join(
+        f"declare i32 @llvm.vector.reduce.s{op}.v{lanes}i32(<{lanes} x i32>)\n"
+        f"define i32 @tvm_ops_s{op}_x{lanes}(<{lanes} x i32> %v) alwaysinline {{\nentry:\n"
+        f"  %r = call i32 @llvm.vector.reduce.s{op}.v{lanes}i32(<{lanes} x i32> %v)\n  ret i32 %r\n}}\n"
+        for op, lanes in sorted(set(ops_lanes)))
+
+
 # a cell index beyond any map (per_position's empty range starts here and ends at -1)
 NO_CELL = 1 << 20
+# a block of samples past any argmax's (INT32_MAX // SAMPLE_BLOCK < 1 << 27)
+NO_BLOCK = 1 << 27
 
 
 def _reduce(op, rows, row):
     """min or max of rows[row, 0:16] (int32)."""
-    return T.call_pure_extern("int32", f"tvm_ops_{op}16", rows[row, T.Ramp(0, 1, POSITION_TABLE)])
+    return T.call_pure_extern("int32", f"tvm_ops_s{op}_x{POSITION_TABLE}", rows[row, T.Ramp(0, 1, POSITION_TABLE)])
 
 
 def _line_words(dtype: str) -> int:
@@ -86,16 +94,20 @@ def _all_finite(values, lanes):
     return T.call_pure_extern("int32", f"tvm_ops_all_finite_x{lanes}", values[T.Ramp(0, 1, lanes)]) != 0
 
 
-def _border_line(BX, vn, vk, vs, pool_size):
-    """(start x, start y, step x, step y) of the samples along border vs of box (vn, vk), as
-    float32 expressions: top (x0,y0)+i*(w/p,0); left (x0,y0)+i*(0,h/p); bottom
-    (x1,y1)-i*(w/p,0); right (x1,y1)-i*(0,h/p). The zero step is a literal 0 (not 0*width),
-    so an infinite width cannot make it NaN."""
+def _sample_xy(BX, vn, vk, vs, i, pool_size):
+    """(x, y) of sample i (int32, 0..pool_size) on border vs of box (vn, vk), as float32
+    expressions, by the sample rule that testing/border_align_backward.py's `border_sample`
+    states (and the reference and the PyTorch peers use): along the moving axis
+    start + i * ((end - start) / pool_size), the end corner itself at i == pool_size; the other
+    axis the start corner's."""
     fp = T.Cast("float32", pool_size)
     x0, y0, x1, y1 = (T.Cast("float32", BX[vn, vk, j]) for j in range(4))
-    step_x = T.Select(vs == 0, (x1 - x0) / fp, T.Select(vs == 2, (x0 - x1) / fp, T.float32(0)))
-    step_y = T.Select(vs == 1, (y1 - y0) / fp, T.Select(vs == 3, (y0 - y1) / fp, T.float32(0)))
-    return T.Select(vs < 2, x0, x1), T.Select(vs < 2, y0, y1), step_x, step_y
+    start_x, start_y = T.Select(vs < 2, x0, x1), T.Select(vs < 2, y0, y1)
+    end_x, end_y = T.Select(vs == 0, x1, x0), T.Select(vs == 1, y1, y0)  # on the moving axis
+    fi = T.Cast("float32", i)
+    x = T.Select(vs % 2 == 0, T.Select(i == pool_size, end_x, start_x + fi * ((end_x - start_x) / fp)), start_x)
+    y = T.Select(vs % 2 == 1, T.Select(i == pool_size, end_y, start_y + fi * ((end_y - start_y) / fp)), start_y)
+    return x, y
 
 
 @T.macro(hygienic=False)
@@ -111,14 +123,11 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
     SY = T.alloc_buffer((lanes,), "float32", scope="local")  # clamped sample y (0 if invalid)
     SX = T.alloc_buffer((lanes,), "float32", scope="local")
     SG = T.alloc_buffer((lanes,), "float32", scope="local")  # gradient, 0 if invalid
-    line = T.meta_var(_border_line(BX, vn, vk, vs, pool_size))
     for l in lane_loop(lanes):
         am = T.meta_var(AM[vn, vk, vs, c0 + l])
         hit = T.meta_var(am >= 0 and am <= pool_size)
         # an argmax outside [0, pool_size] (even INT32_MIN/MAX) becomes sample 0, masked below
-        fi = T.meta_var(T.Select(hit, T.Cast("float32", am), T.float32(0)))
-        x = T.meta_var(line[0] + fi * line[2])
-        y = T.meta_var(line[1] + fi * line[3])
+        x, y = T.meta_var(_sample_xy(BX, vn, vk, vs, T.Select(hit, am, 0), pool_size))
         ok = T.meta_var(hit and y >= T.float32(-1) and y <= T.Cast("float32", H)
                         and x >= T.float32(-1) and x <= T.Cast("float32", W))
         SG[l] = T.Select(ok, T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0))
@@ -217,13 +226,14 @@ def _position_adds(vs, lanes):
 @T.macro(hygienic=False)
 def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop, by_position):
     """CPU, same result as _spread into the tile: all lanes of (n, k, s) share the box, so
-    there are only pool_size + 1 sample positions. Their geometry is computed 16 samples at a
-    time as vectors (the same expressions as _spread, with the sample index in place of the
-    argmax), staged in local arrays; then the adds, each one contiguous tile row (vector
-    load/FMA/store, no scatter): per sample (_sample_adds) or per map position
-    (_position_adds, by_position; pool_size < 15, finite gradients). Lanes add +0 where their
-    sample has no corner (the tile starts at +0 and the weights are >= 0, so +0 changes no
-    bit). Per lane the products are _spread's (g * (hy * hx): one vector FMA per corner, the
+    their samples are among the pool_size + 1 of the border. Their geometry is computed 16
+    samples at a time as vectors (_sample_block), only for the blocks that hold some lane's
+    sample (_next_block), so the work follows the argmax values, not pool_size. Then the
+    adds, each one contiguous tile row (vector load/FMA/store, no scatter): per sample
+    (_sample_adds) or per map position (_position_adds, by_position; pool_size < 15, finite
+    gradients). Lanes add +0 where their sample has no corner, and skipped blocks would have
+    added only +0 (the tile starts at +0 and the weights are >= 0, so +0 changes no bit).
+    Per lane the products are _spread's (g * (hy * hx): one vector FMA per corner, the
     weight product is per sample), so the bits match corner_adds=per_lane."""
     SY = T.alloc_buffer((SAMPLE_BLOCK,), "float32")  # clamped sample y (0 if invalid)
     SX = T.alloc_buffer((SAMPLE_BLOCK,), "float32")
@@ -234,7 +244,6 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop, by_position):
     XH = T.alloc_buffer((SAMPLE_BLOCK,), "int32")
     LY = T.alloc_buffer((SAMPLE_BLOCK,), "float32")  # fractions
     LX = T.alloc_buffer((SAMPLE_BLOCK,), "float32")
-    line = T.meta_var(_border_line(BX, vn, vk, vs, pool_size))
     # the lanes' argmax and gradient, loaded once per box into registers (small constant-size
     # buffers are stack allocas that LLVM promotes; read inside the sample loop, after the
     # tile's stores, they were reloaded for every sample)
@@ -244,39 +253,61 @@ def _spread_by_sample(vn, vk, vs, c0, lanes, lane_loop, by_position):
         am = T.meta_var(AM[vn, vk, vs, c0 + l])
         if by_position:  # the table's last entry is no sample's: weight 0 at every position
             AS[l] = T.Select(am >= 0 and am <= pool_size, am, POSITION_TABLE - 1)
-        else:
-            AS[l] = am
+        else:  # -1: no sample (never a block's)
+            AS[l] = T.Select(am >= 0 and am <= pool_size, am, -1)
         GS[l] = T.Cast("float32", GO[vn, vk, vs, c0 + l])
-    for b in range(1 if by_position else (pool_size + SAMPLE_BLOCK) // SAMPLE_BLOCK):
-        # two loops, the second reading what the first staged (a local array written and read
-        # in the same vectorised iteration is compacted to 1 element: wrong results)
-        for j in T.vectorized(SAMPLE_BLOCK):
-            fi = T.meta_var(T.Cast("float32", b * SAMPLE_BLOCK + j))
-            x = T.meta_var(line[0] + fi * line[2])
-            y = T.meta_var(line[1] + fi * line[3])
-            ok = T.meta_var(b * SAMPLE_BLOCK + j <= pool_size and y >= T.float32(-1)
-                            and y <= T.Cast("float32", H) and x >= T.float32(-1) and x <= T.Cast("float32", W))
-            OK[j] = T.Select(ok, 1, 0)
-            SY[j] = T.Select(ok, T.max(y, T.float32(0)), T.float32(0))
-            SX[j] = T.Select(ok, T.max(x, T.float32(0)), T.float32(0))
-        for j in T.vectorized(SAMPLE_BLOCK):
-            yi = T.meta_var(T.Cast("int32", SY[j]))
-            xi = T.meta_var(T.Cast("int32", SX[j]))
-            YL[j] = T.min(yi, H - 1)
-            XL[j] = T.min(xi, W - 1)
-            YH[j] = T.min(yi + 1, H - 1)
-            XH[j] = T.min(xi + 1, W - 1)
-            LY[j] = T.Select(yi >= H - 1, T.float32(0), SY[j] - T.Cast("float32", yi))
-            LX[j] = T.Select(xi >= W - 1, T.float32(0), SX[j] - T.Cast("float32", xi))
-        if by_position:
-            # a lane's +0 is g * 0 here, NaN for an infinite or NaN gradient: such boxes take
-            # the per-sample adds, which mask the gradient itself
-            if _all_finite(GS, lanes):
-                _position_adds(vs, lanes)
-            else:
-                _sample_adds(b, lanes, lane_loop)
+    if by_position:
+        _sample_block(vn, vk, vs, 0, lanes, lane_loop, True)
+    else:
+        NB = T.alloc_buffer((lanes,), "int32")
+        BLK = T.alloc_buffer((1,), "int32")  # the block to add, NO_BLOCK when none is left
+        _next_block(-1, lanes)
+        while BLK[0] < NO_BLOCK:
+            b: T.let = BLK[0]
+            _sample_block(vn, vk, vs, b, lanes, lane_loop, False)
+            # b * 16 + 15 <= INT32_MAX: the last block ends at pool_size's block's end
+            _next_block(b * SAMPLE_BLOCK + (SAMPLE_BLOCK - 1), lanes)
+
+
+@T.macro(hygienic=False)
+def _next_block(after, lanes):
+    """BLK[0] = the lowest block of samples that holds a lane's sample > after (a vector
+    min over the lanes), or NO_BLOCK."""
+    for l in T.vectorized(lanes):
+        NB[l] = T.Select(AS[l] > after, T.shift_right(AS[l], SAMPLE_BLOCK_BITS), NO_BLOCK)
+    BLK[0] = T.call_pure_extern("int32", f"tvm_ops_smin_x{lanes}", NB[T.Ramp(0, 1, lanes)])
+
+
+@T.macro(hygienic=False)
+def _sample_block(vn, vk, vs, b, lanes, lane_loop, by_position):
+    """Samples b*16 .. b*16 + 15 of the border: their geometry, then their adds."""
+    # two loops, the second reading what the first staged (a local array written and read
+    # in the same vectorised iteration is compacted to 1 element: wrong results)
+    for j in T.vectorized(SAMPLE_BLOCK):
+        x, y = T.meta_var(_sample_xy(BX, vn, vk, vs, b * SAMPLE_BLOCK + j, pool_size))
+        ok = T.meta_var(b * SAMPLE_BLOCK + j <= pool_size and y >= T.float32(-1)
+                        and y <= T.Cast("float32", H) and x >= T.float32(-1) and x <= T.Cast("float32", W))
+        OK[j] = T.Select(ok, 1, 0)
+        SY[j] = T.Select(ok, T.max(y, T.float32(0)), T.float32(0))
+        SX[j] = T.Select(ok, T.max(x, T.float32(0)), T.float32(0))
+    for j in T.vectorized(SAMPLE_BLOCK):
+        yi = T.meta_var(T.Cast("int32", SY[j]))
+        xi = T.meta_var(T.Cast("int32", SX[j]))
+        YL[j] = T.min(yi, H - 1)
+        XL[j] = T.min(xi, W - 1)
+        YH[j] = T.min(yi + 1, H - 1)
+        XH[j] = T.min(xi + 1, W - 1)
+        LY[j] = T.Select(yi >= H - 1, T.float32(0), SY[j] - T.Cast("float32", yi))
+        LX[j] = T.Select(xi >= W - 1, T.float32(0), SX[j] - T.Cast("float32", xi))
+    if by_position:
+        # a lane's +0 is g * 0 here, NaN for an infinite or NaN gradient: such boxes take
+        # the per-sample adds, which mask the gradient itself
+        if _all_finite(GS, lanes):
+            _position_adds(vs, lanes)
         else:
             _sample_adds(b, lanes, lane_loop)
+    else:
+        _sample_adds(b, lanes, lane_loop)
 
 
 @T.macro(hygienic=False)
@@ -368,9 +399,12 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
     stream = not tail and V % _line_words(dtype) == 0
     if stream:
         llvm_ir.append(cpu_ir.stream_ir(features, V, dtype))
+    widths = sorted({V, G} | ({wide} if wide else set()))  # the vector owners' lanes
+    reductions = [("min", lanes) for lanes in widths] if by_sample or by_position else []  # _next_block
     if by_position:
-        widths = sorted({V, G} | ({wide} if wide else set()))
-        llvm_ir += [cpu_ir.lookup16_ir(features, widths), REDUCE_IR] + [_all_finite_ir(lanes) for lanes in widths]
+        reductions += [("min", POSITION_TABLE), ("max", POSITION_TABLE)]  # _cell_adds
+        llvm_ir += [cpu_ir.lookup16_ir(features, widths)] + [_all_finite_ir(lanes) for lanes in widths]
+    llvm_ir.append(_reduce_ir(reductions))
     whole_border = parallel == "border"
 
     @T.prim_func(s_tir=True)
