@@ -127,7 +127,7 @@ def _overhead(args, model) -> int:
     if model.kind != "llvm":
         raise NotSupportedError("bench --overhead measures the CPU call path (target llvm)")
     print(f"# host time per repeated call, best of {args.blocks} blocks of {args.calls} calls; "
-          "(+x) = call - kernels alone")
+          "host = the same call with its kernels stubbed out")
     for op in _ops(args.op):
         print(overhead.overhead(op, args.calls, args.blocks, not args.no_peer).text(), flush=True)
     return 0

@@ -27,26 +27,28 @@ def bench_lines(lines: list, target: str, path: Path) -> None:
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    series = {"tvm_ops": [line.median_ms for line in lines]}
-    for i, line in enumerate(lines):
+    rows = []  # (y, label, ms, is ours, case index): one bar per measured time
+    y, ticks = 0.0, []
+    for line in lines:
         peers = ({line.peer or "torch": line.peer_ms} if line.peer_ms is not None else {}) | line.other_peers
-        for name, ms in peers.items():
-            series.setdefault(name, [None] * len(lines))[i] = ms
-    labels = [f"{line.op}\n{line.case} {line.dtype}" for line in lines]
-    height = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.55 * len(lines) * max(1, len(series) / 2)))
-    for k, (name, values) in enumerate(series.items()):
-        rows = [i for i, v in enumerate(values) if v]
-        ax.barh([i + k * height for i in rows], [values[i] for i in rows], height, label=name)
-    for i, line in enumerate(lines):
-        ax.annotate(f" {line.median_ms:.3g} ms, io {line.io_efficiency:.0%}", (line.median_ms, i),
-                    va="center", fontsize=7)
+        bars = [("tvm_ops", line.median_ms, True)] + [(name, ms, False) for name, ms in peers.items()]
+        ticks.append((y + (len(bars) - 1) / 2, f"{line.op}\n{line.case} {line.dtype}"))
+        for name, ms, ours in bars:
+            label = (f" {ms:.3g} ms, io {line.io_efficiency:.0%}" if ours
+                     else f" {name} {ms:.3g} ms (x{ms / line.median_ms:.1f})")
+            rows.append((y, label, ms, ours))
+            y += 1
+        y += 0.8  # a gap between cases
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.17 * y))
+    ax.barh([r[0] for r in rows], [r[2] for r in rows], 0.8,
+            color=["tab:blue" if r[3] else "tab:gray" for r in rows])
+    for row_y, label, ms, _ in rows:
+        ax.annotate(label, (ms, row_y), va="center", fontsize=6)
     ax.set_xscale("log")
-    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(lines))], labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("median time per call, ms (log scale)")
+    ax.set_yticks([tick for tick, _ in ticks], [label for _, label in ticks], fontsize=6)
+    ax.set_ylim(y, -1)
+    ax.set_xlabel("median time per call, ms (log scale); blue: tvm_ops, grey: PyTorch formulations")
     ax.set_title(f"tvm_ops bench on {target}")
-    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
