@@ -47,32 +47,12 @@ def reference(inputs, params):
 
 def peers(inputs, params):
     """The PyTorch formulations the bench times (its ratio is against the fastest)."""
-    return {"index_put_": torch_peer(inputs, params), "index_add_": _index_add_peer(inputs, params)}
+    return {"index_put_": torch_peer(inputs, params), "index_add_": torch_peer(inputs, params, "index_add_")}
 
 
-def _index_add_peer(inputs, params):
-    """The kept points' features added at their linear voxel index with index_add_."""
-    import torch
-
-    g = peer_tensor(inputs["geom_xyz"])
-    f = peer_tensor(inputs["input_features"])
-    X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
-    B, N, C = f.shape
-
-    def run():
-        x, y, z = g[..., 0], g[..., 1], g[..., 2]
-        kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
-        b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
-        voxel = (b.long() * Y + y.long()) * X + x.long()
-        out = torch.zeros(B * Y * X, C, dtype=f.dtype).index_add_(0, voxel[kept], f[kept])
-        memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y, x], -1), torch.full((), -1, dtype=torch.int32))
-        return out.view(B, Y, X, C), memo
-
-    return run
-
-
-def torch_peer(inputs, params):
-    """PyTorch eager from the same inputs: mask, voxel index, index_put_(accumulate=True), pos_memo."""
+def torch_peer(inputs, params, scatter: str = "index_put_"):
+    """PyTorch eager from the same inputs: mask, linear voxel index, the kept points' features
+    summed with index_put_(accumulate=True) or index_add_, pos_memo."""
     import torch
 
     g = peer_tensor(inputs["geom_xyz"])
@@ -86,7 +66,10 @@ def torch_peer(inputs, params):
         b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
         voxel = (b.long() * Y + y.long()) * X + x.long()
         out = torch.zeros(B * Y * X, C, dtype=f.dtype)
-        out.index_put_((voxel[kept],), f[kept], accumulate=True)
+        if scatter == "index_add_":
+            out.index_add_(0, voxel[kept], f[kept])
+        else:
+            out.index_put_((voxel[kept],), f[kept], accumulate=True)
         memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y, x], -1), torch.full((), -1, dtype=torch.int32))
         return out.view(B, Y, X, C), memo
 
