@@ -89,3 +89,11 @@ def test_bench_prints_figures_and_writes_json_and_a_plot(tmp_path):
 def test_bad_arguments_exit_non_zero():
     assert cli("test", "--op", "no_such_op").returncode == 2
     assert cli("frobnicate").returncode == 2
+
+
+@pytest.mark.parametrize("args", [("frobnicate",), ("tune", "--op", "x", "--shape", "B2"), ("test", "--op", "nope"),
+                                  ("bench", "--repeat", "many")])
+def test_a_failure_exits_non_zero_with_one_line(args):
+    done = cli(*args)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error [BAD_PARAM]")

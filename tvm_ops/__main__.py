@@ -214,8 +214,15 @@ def cmd_list(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (exit 2), like the commands' own errors."""
+
+    def error(self, message):
+        self.exit(2, f"error [BAD_PARAM]: {self.prog}: {message} (see --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tvm_ops", description=__doc__)
+    p = _Parser(prog="python -m tvm_ops", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
     sub = p.add_subparsers(dest="command", required=True)
 
