@@ -22,7 +22,9 @@ PyTorch's CPU tensors do (numpy's large arrays start 16 bytes into one): CPU ker
 whose threads own neighbouring column blocks of an output (border_align_backward)
 would otherwise share the boundary lines between cores, which cost that op ~30%.
 Smaller outputs are plain np.empty: aligning one costs ~3 us of a call's host time,
-more than such an output can lose to a shared line.
+more than such an output can lose to a shared line. Workspaces are always aligned
+(`line_aligned`): a meta_schedule kernel may vectorise over them with aligned moves,
+since TVM declares every buffer parameter 64-byte aligned.
 """
 
 from __future__ import annotations
@@ -57,12 +59,12 @@ def limit_bytes() -> int:
         raise ValueError(f"TVM_OPS_HOST_CACHE_MB must be a number of MiB, got {raw!r}") from None
 
 
-def empty(shape: tuple, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array, starting on a cache line unless it is small, from a
-    reused block when it is large."""
+def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
+    """An uninitialised C-contiguous array, starting on a cache line unless it is small (or
+    always, with line_aligned), from a reused block when it is large."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES):
+    if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES) and not line_aligned:
         return np.empty(shape, dtype)
     if nbytes < MIN_BYTES or limit_bytes() == 0:
         raw = np.empty(nbytes + LINE_BYTES, np.uint8)

@@ -106,8 +106,9 @@ class _Unmarked:
         self.__array_interface__ = dict(array.__array_interface__, data=(pointer, False))
 
 
-def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool):
-    """A new output tensor of the caller's kind."""
+def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool, line_aligned: bool = False):
+    """A new output tensor of the caller's kind (numpy: on a cache line if it is not small, or
+    always with line_aligned)."""
     if kind == "torch":
         import torch
 
@@ -115,7 +116,7 @@ def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool
         return make(shape, dtype=getattr(torch, dtype), device=device)
     if zero:
         return np.zeros(shape, dtype=dtype)
-    return host_buffers.empty(shape, dtype)
+    return host_buffers.empty(shape, dtype, line_aligned)
 
 
 def zero(array) -> None:

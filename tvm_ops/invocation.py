@@ -1,15 +1,13 @@
-"""One checked call's tensors and its launch: what `Operator.call` and the tuner share.
+"""How a checked call runs: the one launch path of public calls and of the tuner.
 
-An Invocation holds the inputs (made contiguous), the outputs (the caller's buffers or
-new ones of the caller's kind) and the workspaces the library's plan declares, and runs
-a library's kernels on them: zero-fill what the kernels accumulate into, then launch.
-
-A CallPlan is what a checked call leaves for the next call with the same signature
-(every argument's kind, shape, dtype, strides, device and writability, every
-parameter, the target and which outputs were given): the problem, the kernels, the
-output shapes. A repeated call only re-checks the values an operator reads on the host
-(`Operator.value_rules`), allocates what it must and launches; CallCache keeps the most
-recent plans of each operator.
+A CallPlan is a checked call ready to run (the problem, the kernels, the shapes and
+dtypes of the outputs it allocates, the workspaces and zero-fills the kernels' plan
+declares). `Operator.call` keeps the plan of each recent call signature (every
+argument's kind, shape, dtype, strides, device and writability, every parameter, the
+target and which outputs were given) in a CallCache and runs it on the next call's
+tensors: only the values an operator reads on the host (`Operator.value_rules`) are
+checked again, then outputs and workspaces are allocated and the kernels launched. The
+tuner runs a plan per candidate library on pre-allocated outputs given as out=.
 """
 
 from __future__ import annotations
@@ -21,36 +19,16 @@ from . import checks, interop
 from .errors import BadParamError
 
 
-class Invocation:
-    def __init__(self, op, problem: checks.Problem, zero_outputs: bool = False):
-        self.op, self.problem = op, problem
-        self.outputs = outputs(op, problem, zero_outputs)
-        self.tensors = {name: interop.contiguous(info) for name, info in problem.inputs.items()}
-        self.tensors.update(self.outputs)
-        self._workspaces_for = None  # the plan the workspaces in self.tensors were allocated for
-
-    def run(self, kernels) -> None:
-        """Launch `kernels` (a build.Kernels) on these tensors."""
-        if self._workspaces_for != kernels.plan:
-            self.tensors.update(workspaces(self.op, self.problem, kernels.plan))
-            self._workspaces_for = kernels.plan
-        for name in self.op.zeroed(self.problem, kernels.plan):
-            interop.zero(self.tensors[name])
-        self.op.launch(kernels, self.problem, self.tensors)
-
-    def returned(self):
-        return returned(self.op, self.outputs)
+def new_tensors(problem: checks.Problem, specs: dict, zero: bool, line_aligned: bool = False) -> dict:
+    """{name: tensor of the caller's kind and device} for {name: (shape, dtype)}."""
+    return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero, line_aligned)
+            for name, (shape, dtype) in specs.items()}
 
 
-def outputs(op, problem: checks.Problem, zero: bool) -> dict:
-    """{name: tensor}: the caller's out= buffers, and new ones of the caller's kind for the rest."""
-    made = {}
-    for t in op.spec.outputs:
-        given = problem.outs.get(t.name)
-        made[t.name] = given.value if given is not None else interop.empty_like_kind(
-            problem.kind, problem.device, checks.output_shape(op.spec, t.name, problem.sizes),
-            op.output_dtype(t, problem), zero=zero)
-    return made
+def output_specs(op, problem: checks.Problem) -> dict:
+    """{name: (shape, dtype)} of the outputs the caller did not give with out=."""
+    return {t.name: (checks.output_shape(op.spec, t.name, problem.sizes), op.output_dtype(t, problem))
+            for t in op.spec.outputs if t.name not in problem.outs}
 
 
 def returned(op, tensors: dict):
@@ -59,21 +37,14 @@ def returned(op, tensors: dict):
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def workspaces(op, problem: checks.Problem, plan: dict) -> dict:
-    """{name: uninitialised tensor} for the workspaces `op` declares under `plan`."""
-    return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=False)
-            for name, (shape, dtype) in op.workspaces(problem, plan).items()}
-
-
 class CallPlan:
-    """A checked call, ready to run again on new tensors of the same signature."""
+    """A checked call, ready to run on any tensors of the same signature."""
 
     def __init__(self, op, problem: checks.Problem, kernels):
         self.op, self.problem, self.kernels = op, problem, kernels
-        self.new_outputs = [(t.name, checks.output_shape(op.spec, t.name, problem.sizes), op.output_dtype(t, problem))
-                            for t in op.spec.outputs if t.name not in problem.outs]
+        self.new_outputs = output_specs(op, problem)
         self.copied = [name for name, info in problem.inputs.items() if not info.ready]
-        if kernels is not None:
+        if kernels is not None:  # None: an empty problem, whose outputs are zeros
             self.workspaces = op.workspaces(problem, kernels.plan)
             self.zeroed = op.zeroed(problem, kernels.plan)
 
@@ -83,9 +54,8 @@ class CallPlan:
         outputs = {name: value for name, value in out.items() if value is not None}
         if outputs:
             _refuse_aliases(op.name, inputs, outputs)
-        for name, shape, dtype in self.new_outputs:
-            outputs[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=problem.empty)
-        if problem.empty:  # nothing to compute: the outputs are zeros
+        outputs.update(new_tensors(problem, self.new_outputs, zero=problem.empty))
+        if problem.empty:
             for name in problem.outs:
                 interop.zero(outputs[name])
             return returned(op, outputs)
@@ -93,8 +63,7 @@ class CallPlan:
         for name in self.copied:
             tensors[name] = interop.make_contiguous(inputs[name])
         tensors.update(outputs)
-        for name, (shape, dtype) in self.workspaces.items():
-            tensors[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero=False)
+        tensors.update(new_tensors(problem, self.workspaces, zero=False, line_aligned=True))
         for name in self.zeroed:
             interop.zero(tensors[name])
         op.launch(self.kernels, problem, tensors)

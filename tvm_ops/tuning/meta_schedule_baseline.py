@@ -177,16 +177,14 @@ def align_tensors(harness: tune.Harness, alignment: int = 64) -> None:
     max_init: parallel x vectorize 64 over the workspace), and LLVM's aligned vector
     moves then fault on numpy data, so both configurations run on aligned copies.
     """
-    tensors = harness.invocation.tensors
-    for name, value in list(tensors.items()):
-        if isinstance(value, np.ndarray) and value.ctypes.data % alignment:
-            raw = np.empty(value.nbytes + alignment, np.uint8)
-            start = -raw.ctypes.data % alignment
-            aligned = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
-            aligned[...] = value
-            tensors[name] = aligned
-            if name in harness.results:
-                harness.results[name] = aligned
+    for tensors in (harness.inputs, harness.results):  # workspaces are allocated line-aligned
+        for name, value in list(tensors.items()):
+            if isinstance(value, np.ndarray) and value.ctypes.data % alignment:
+                raw = np.empty(value.nbytes + alignment, np.uint8)
+                start = -raw.ctypes.data % alignment
+                aligned = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+                aligned[...] = value
+                tensors[name] = aligned
 
 
 def _same_signature(a: list, b: list) -> bool:

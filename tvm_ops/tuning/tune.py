@@ -53,7 +53,7 @@ import numpy as np
 
 from .. import bench, build, checks, interop, paths, records, runner
 from ..errors import BadParamError, NotSupportedError
-from ..invocation import Invocation
+from ..invocation import CallPlan, new_tensors, output_specs
 from ..targets import TargetModel
 from ..testing import material
 
@@ -146,9 +146,12 @@ class Harness:
         self.op, self.model, self.dtype = op, model, dtype
         inputs, params = (prepared or prepare(op, case, dtype)).generated
         on_target = runner.to_target(model, inputs)
-        self.problem = checks.check(op.spec, on_target, params, {}, op.rules)
-        self.invocation = Invocation(op, self.problem, zero_outputs=True)
-        self.results = self.invocation.outputs
+        problem = checks.check(op.spec, on_target, params, {}, op.rules)
+        # kernel-ready inputs and pre-allocated outputs, run as a call with out= (CallPlan)
+        self.inputs = {name: interop.contiguous(info) for name, info in problem.inputs.items()}
+        self.results = new_tensors(problem, output_specs(op, problem), zero=True)
+        self.problem = checks.check(op.spec, self.inputs, params, self.results, op.rules)
+        self._plan = None  # the CallPlan of the kernels run last
         self.reference = material(op).reference(inputs, params)
         self.sync = None
         if model.kind == "cuda":
@@ -157,7 +160,9 @@ class Harness:
             self.sync = torch.cuda.synchronize
 
     def run(self, kernels: build.Kernels) -> None:
-        self.invocation.run(kernels)
+        if self._plan is None or self._plan.kernels is not kernels:
+            self._plan = CallPlan(self.op, self.problem, kernels)
+        self._plan.run(self.inputs, self.results)
         if self.sync is not None:
             self.sync()
 
