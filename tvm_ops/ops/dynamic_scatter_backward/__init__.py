@@ -48,9 +48,15 @@ def voxel_num_value(voxel_num):
                                 f"int32 array, got shape {list(shape)}")
         if isinstance(voxel_num, np.ndarray) or interop._is_torch(voxel_num):
             # a CUDA tensor is read once per tensor and version (interop.host_values)
-            return interop.host_values(voxel_num, lambda values: int(values.reshape(-1)[0]))
+            return interop.host_values(voxel_num, _first_int)
         return int(np.from_dlpack(voxel_num).reshape(-1)[0])
     return voxel_num  # not an integer: the spec's check names it
+
+
+def _first_int(values) -> int:
+    """The one element of a one-element array (a module-level function: host_values keys its
+    cache of small host tensors by the converter too)."""
+    return int(values.reshape(-1)[0])
 
 
 class DynamicScatterBackward(Operator):
