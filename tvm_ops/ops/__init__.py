@@ -14,6 +14,7 @@ NAMES = (
     "border_align_backward",
     "dynamic_scatter_backward",
     "ms_deform_attn_backward",
+    "ms_deform_attn_forward",
     "three_interpolate_backward",
     "voxel_pooling_forward",
 )

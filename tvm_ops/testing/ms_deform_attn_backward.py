@@ -48,7 +48,7 @@ def torch_peer(inputs, params):
     lo = peer_tensor(inputs["sampling_loc"]).requires_grad_(True)
     a = peer_tensor(inputs["attn_weight"]).requires_grad_(True)
     shapes = [tuple(x) for x in np.asarray(inputs["spatial_shapes"]).tolist()]
-    out = _msda_pytorch(v, shapes, lo, a)
+    out = msda_pytorch(v, shapes, lo, a)
     go = peer_tensor(inputs["grad_output"]).reshape(out.shape)
 
     def run():
@@ -57,7 +57,7 @@ def torch_peer(inputs, params):
     return run
 
 
-def _msda_pytorch(value, shapes, loc, attn):
+def msda_pytorch(value, shapes, loc, attn):
     import torch
     import torch.nn.functional as F
 
@@ -104,8 +104,11 @@ def gradients(value, spatial_shapes, level_start_index, sampling_loc, attn_weigh
     return out
 
 
-def _reference_chunk(value, levels, start, loc, attn, g, gv, gloc, gattn):
-    """One batch item, a block of queries: loc [q, H, L, P, 2], value [K, H, C], gv [K*H, C]."""
+def corners(value, levels, start, loc):
+    """The bilinear corners of a block of samples (loc [q, H, L, P, 2], value [K, H, C]):
+    (inside, lh, lw, [(weight, used, value row index into value.reshape(K*H, C), corner
+    values [q, H, L, P, C]) for corners (0,0), (0,1), (1,0), (1,1)]), in float64 after the
+    position."""
     K, H, C = value.shape
     L = len(levels)
     hl = levels[:, 0].reshape(1, 1, L, 1)
@@ -116,7 +119,7 @@ def _reference_chunk(value, levels, start, loc, attn, g, gv, gloc, gattn):
     # rounded once to float32, as a fused multiply-add gives it (mmcv's CUDA build;
     # the kernels do the same). A float64 position can pick a different cell near an
     # integer boundary, where grad_sampling_loc is discontinuous. Everything after it
-    # accumulates in float64.
+    # is float64.
     dt = loc.dtype
     with np.errstate(invalid="ignore", over="ignore"):
         h_im = (loc[..., 1].astype(np.float64) * hl - 0.5).astype(dt).astype(np.float64)
@@ -127,18 +130,37 @@ def _reference_chunk(value, levels, start, loc, attn, g, gv, gloc, gattn):
     h_low, w_low = np.floor(h_im).astype(np.int64), np.floor(w_im).astype(np.int64)
     lh, lw = h_im - h_low, w_im - w_low
     hh, hw = 1 - lh, 1 - lw
-    shape = inside.shape  # [q, H, L, P]
-    head = np.broadcast_to(np.arange(H).reshape(1, H, 1, 1), shape)
-    gq = np.broadcast_to(g[:, :, None, None, :], shape + (C,))  # grad_output per sample
-    ga = gq * attn[..., None]
+    head = np.broadcast_to(np.arange(H).reshape(1, H, 1, 1), inside.shape)
     vflat = value.reshape(K * H, C)
-    vs = []
+    found = []
     for dy, dx, weight in ((0, 0, hh * hw), (0, 1, hh * lw), (1, 0, lh * hw), (1, 1, lh * lw)):
         y, x = h_low + dy, w_low + dx
         row = st + y * wl + x
         ok = inside & (y >= 0) & (y < hl) & (x >= 0) & (x < wl) & (row >= 0) & (row < K)
         target = np.where(ok, row, 0) * H + head
-        vs.append(np.where(ok[..., None], vflat[target], 0.0))
+        found.append((weight, ok, target, np.where(ok[..., None], vflat[target], 0.0)))
+    return inside, lh, lw, found
+
+
+def bilinear_samples(value, levels, start, loc):
+    """The bilinear samples [q, H, L, P, C] of a block of samples (0 where skipped)."""
+    inside, _, _, found = corners(value, levels, start, loc)
+    return sum(weight[..., None] * v for weight, _, _, v in found)
+
+
+def _reference_chunk(value, levels, start, loc, attn, g, gv, gloc, gattn):
+    """One batch item, a block of queries: loc [q, H, L, P, 2], value [K, H, C], gv [K*H, C]."""
+    L = len(levels)
+    hl = levels[:, 0].reshape(1, 1, L, 1)
+    wl = levels[:, 1].reshape(1, 1, L, 1)
+    inside, lh, lw, found = corners(value, levels, start, loc)
+    hh, hw = 1 - lh, 1 - lw
+    C = value.shape[2]
+    gq = np.broadcast_to(g[:, :, None, None, :], inside.shape + (C,))  # grad_output per sample
+    ga = gq * attn[..., None]
+    vs = []
+    for weight, ok, target, v in found:
+        vs.append(v)
         t, contrib = target[ok], (weight[ok])[:, None] * ga[ok]
         if t.size:
             order = np.argsort(t, kind="stable")

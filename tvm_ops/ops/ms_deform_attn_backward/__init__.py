@@ -40,7 +40,7 @@ im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
 on it, so the kernels ignore it (checked on the host).
 
 Precision: the sampling position is computed as the exact loc * h_l - 0.5
-rounded once to float32 (see _corner_macro: on the CPU one fused multiply-add, on CUDA
+rounded once to float32 (ops/ms_deform_attn_sampling.py: on the CPU one fused multiply-add, on CUDA
 through float64); the channel dots and the grad_value accumulation are float32, in a
 fixed order per (b, h) slice.
 
@@ -53,11 +53,10 @@ contribute nothing (not supported by the spec, but safe).
 
 from __future__ import annotations
 
-import numpy as np
-
-from ... import interop, policy
+from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
+from ..ms_deform_attn_sampling import LevelChecks
 from . import schedule
 from .compute import KERNELS, cpu_backward_compute, cuda_backward_compute
 
@@ -80,31 +79,12 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
     return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
 
 
-class MsDeformAttnBackward(Operator):
+class MsDeformAttnBackward(LevelChecks, Operator):
     name = "ms_deform_attn_backward"
     # all four names in every library (the loader asks for all): on CUDA they are the
     # same kernel
     kernel_names = KERNELS
     recipe = schedule
-
-    def rules(self, problem):
-        op, sizes = self.name, problem.sizes
-        step, batch = problem.params["im2col_step"], sizes["B"]
-        if batch > 0:  # B == 0 is the zero-element rule's BAD_PARAM
-            im2col = min(batch, step)
-            if batch % im2col:
-                raise BadParamError(f"{op}: im2col_step: min(B, im2col_step) = {im2col} must divide "
-                                    f"value.shape[0] (B) = {batch}, got im2col_step={step}")
-
-    def value_rules(self, problem, inputs):
-        # K == sum(h*w): read on the host for host tensors, once per tensor for CUDA ones (the
-        # kernels guard every row by 0 <= row < K, so inconsistent values stay memory-safe)
-        negative, total = interop.host_values(inputs["spatial_shapes"], _level_problems)
-        if negative is not None:
-            raise BadParamError(f"{self.name}: spatial_shapes must be non-negative (h, w) pairs, got {negative}")
-        if total != problem.sizes["K"]:
-            raise BadParamError(f"{self.name}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
-                                f"{total}, got {problem.sizes['K']}")
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
@@ -141,13 +121,6 @@ class MsDeformAttnBackward(Operator):
         kernels[name](*(tensors[k] for k in (
             "value", "spatial_shapes", "level_start_index", "sampling_loc", "attn_weight", "grad_output",
             "grad_value", "grad_sampling_loc", "grad_attn_weight")))
-
-
-def _level_problems(values: np.ndarray):
-    """(the pairs if any is negative else None, sum(h*w)) of spatial_shapes' values."""
-    shapes = np.asarray(values, np.int64).reshape(-1, 2)
-    negative = shapes.tolist() if (shapes < 0).any() else None
-    return negative, int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
 
 
 OP = MsDeformAttnBackward()

@@ -4,7 +4,7 @@ The CPU kernel (`cpu_backward_compute`) is a hand-written loop nest: TensorIR wr
 its scheduled form, not a compute plus a schedule, because TensorIR's block rules cannot
 fuse the scatter (a reduction block with an init) with the per-sample channel dots, and the
 fused pass is what makes it fast. It needs no fallback for other CPUs: its LLVM IR
-(task_queue's atomicrmw, FMA_IR's llvm.fma) is generic, so nothing here belongs in
+(task_queue's atomicrmw, the sampling rule's llvm.fma) is generic, so nothing here belongs in
 ops/cpu_ir.py, and its lanes are the target's (TargetModel.lanes: 4 on aarch64). The CUDA
 compute (`cuda_backward_compute`) is scheduled by schedule.py.
 """
@@ -16,22 +16,11 @@ import numpy as np
 from tvm.script import tirx as T
 
 from .. import task_queue
+from ..ms_deform_attn_sampling import FMA_IR, corner_macro, exact_position, fma_position
 from ..prefetch import prefetch_words
 
 # *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
 KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
-
-
-# a fused multiply-add, always (TVM 0.27 finds no declaration for llvm.fma through
-# call_llvm_pure_intrin); linked in and inlined like the task counter
-FMA_IR = """
-declare float @llvm.fma.f32(float, float, float)
-define float @tvm_ops_fma_f32(float %a, float %b, float %c) alwaysinline {
-entry:
-  %r = call float @llvm.fma.f32(float %a, float %b, float %c)
-  ret float %r
-}
-"""
 
 
 # rows ahead that the private kernel's slice copy and write-back prefetch
@@ -48,60 +37,11 @@ def queries_ahead(samples: int, P):
 # --------------------------------------------------------------------------
 
 
-def _corner_macro(dtype: str):
-    """Corner k = (ky, kx) = (k // 2, k % 2) of sample (b, q, h, l, p):
-    rows = its value row (-1: unused corner or skipped sample), w = its
-    bilinear weight, dx / dy = dw/dlw and dw/dlh (zero when unused)."""
-    zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
-
-    @T.macro
-    def corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K):
-        hl: T.let = shapes[vl, 0]
-        wl: T.let = shapes[vl, 1]
-        # The sampling position in the input precision, rounded once: the exact
-        # loc * h_l - 0.5 (exact in float64) rounded to float32, i.e. what mmcv's CUDA
-        # kernel gets from nvcc's fused multiply-add. Without this the result would
-        # depend on whether LLVM contracts the multiply and subtract into an FMA, and
-        # the cell choice (where grad_sampling_loc is discontinuous) with it.
-        h_im: T.let = T.Cast(dtype, T.Cast("float64", loc[vb, vq, vh, vl, vp, 1]) * T.Cast("float64", hl)
-                             - T.float64(0.5))
-        w_im: T.let = T.Cast(dtype, T.Cast("float64", loc[vb, vq, vh, vl, vp, 0]) * T.Cast("float64", wl)
-                             - T.float64(0.5))
-        rows[vb, vq, vh, vl, vp, vk] = -1
-        w[vb, vq, vh, vl, vp, vk] = zero
-        dx[vb, vq, vh, vl, vp, vk] = zero
-        dy[vb, vq, vh, vl, vp, vk] = zero
-        # strict validity test (NaN / Inf fail it); only in-range values reach
-        # floor() -> int32, so there is no float -> int overflow
-        if (h_im > minus_one and w_im > minus_one
-                and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl)):
-            y0: T.let = T.Cast("int32", T.floor(h_im))
-            x0: T.let = T.Cast("int32", T.floor(w_im))
-            lh: T.let = h_im - T.Cast(dtype, y0)
-            lw: T.let = w_im - T.Cast(dtype, x0)
-            ky: T.let = vk // 2
-            kx: T.let = vk % 2
-            y: T.let = y0 + ky
-            x: T.let = x0 + kx
-            r: T.let = lsi[vl] + y * wl + x
-            # per-corner validity, and 0 <= row < K so that any level_start_index
-            # stays in bounds
-            if y >= 0 and y < hl and x >= 0 and x < wl and r >= 0 and r < K:
-                fy: T.let = T.if_then_else(ky == 1, lh, one - lh)
-                fx: T.let = T.if_then_else(kx == 1, lw, one - lw)
-                rows[vb, vq, vh, vl, vp, vk] = r
-                w[vb, vq, vh, vl, vp, vk] = fy * fx
-                dx[vb, vq, vh, vl, vp, vk] = T.if_then_else(kx == 1, fy, zero - fy)
-                dy[vb, vq, vh, vl, vp, vk] = T.if_then_else(ky == 1, fx, zero - fx)
-
-    return corner
-
-
 def _nest_macros(dtype: str):
     """The CUDA kernel's two block nests (scatter; corner dots + finalize), as macros
     over the buffers of the function that expands them."""
     zero = tirx.const(0, dtype)
-    corner = _corner_macro(dtype)
+    corner = corner_macro(dtype, exact_position(dtype))
 
     @T.macro
     def grad_value_nest(shapes, lsi, loc, attn, gout, gv, gv_rows, gv_w, gv_dx, gv_dy, B, K, H, C, L, Q, P):
@@ -277,13 +217,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     # its lane sum alone
     whole_vectors = channels is not None and channels % V == 0
 
-    # the spec's only dtype; position() below is float32's fused multiply-add
-    assert dtype == "float32", dtype
-
-    def position(coord, size):
-        # see _corner_macro: the exact coord * size - 0.5, rounded once to float32, is one fused
-        # multiply-add, the operation mmcv's CUDA kernel compiles to (size rounded to float as there)
-        return tirx.call_extern("float32", "tvm_ops_fma_f32", coord, tirx.Cast(dtype, size), tirx.const(-0.5, dtype))
+    # the spec's only dtype: the sampling position is float32's fused multiply-add
+    position = fma_position(dtype)
 
     @T.macro
     def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, ahead,

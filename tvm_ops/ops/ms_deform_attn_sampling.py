@@ -1,0 +1,130 @@
+"""What ms_deform_attn's forward and backward share: the checks of the level tables and the
+sampling rule (position, strict validity test, per-corner validity), so both directions agree
+on every sample.
+
+The sampling position is the exact loc * size - 0.5 rounded once to the input precision:
+what mmcv's CUDA kernel gets from nvcc's fused multiply-add. On the CPU it is one fused
+multiply-add (FMA_IR, linked into the kernel through the loop annotation
+`pragma_import_llvm`), on CUDA it goes through float64 (`exact_position`). Without this the
+cell choice (where grad_sampling_loc is discontinuous) would depend on whether LLVM or nvcc
+contract the multiply and subtract.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+from tvm.script import tirx as T
+
+from .. import interop
+from ..errors import BadParamError
+
+# a fused multiply-add, always (TVM 0.27 finds no declaration for llvm.fma through
+# call_llvm_pure_intrin); linked in and inlined
+FMA_IR = """
+declare float @llvm.fma.f32(float, float, float)
+define float @tvm_ops_fma_f32(float %a, float %b, float %c) alwaysinline {
+entry:
+  %r = call float @llvm.fma.f32(float %a, float %b, float %c)
+  ret float %r
+}
+"""
+
+
+def fma_position(dtype: str):
+    """position(coord, size) on the CPU: one fused multiply-add (size rounded to float as in
+    mmcv); needs FMA_IR linked into the kernel."""
+    assert dtype == "float32", dtype
+
+    def position(coord, size):
+        return tirx.call_extern("float32", "tvm_ops_fma_f32", coord, tirx.Cast(dtype, size),
+                                tirx.const(-0.5, dtype))
+
+    return position
+
+
+def exact_position(dtype: str):
+    """position(coord, size) through float64: the product of a float32 and a level size is
+    exact there, so only the final cast rounds (CUDA)."""
+
+    def position(coord, size):
+        return T.Cast(dtype, T.Cast("float64", coord) * T.Cast("float64", size) - T.float64(0.5))
+
+    return position
+
+
+def corner_macro(dtype: str, position, derivatives: bool = True):
+    """Corner k = (ky, kx) = (k // 2, k % 2) of sample (b, q, h, l, p):
+    rows = its value row (-1: unused corner or skipped sample), w = its bilinear weight,
+    and with `derivatives` dx / dy = dw/dlw and dw/dlh (zero when unused)."""
+    zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
+
+    @T.macro
+    def corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K):
+        hl: T.let = shapes[vl, 0]
+        wl: T.let = shapes[vl, 1]
+        h_im: T.let = position(loc[vb, vq, vh, vl, vp, 1], hl)
+        w_im: T.let = position(loc[vb, vq, vh, vl, vp, 0], wl)
+        rows[vb, vq, vh, vl, vp, vk] = -1
+        w[vb, vq, vh, vl, vp, vk] = zero
+        if derivatives:
+            dx[vb, vq, vh, vl, vp, vk] = zero
+            dy[vb, vq, vh, vl, vp, vk] = zero
+        # strict validity test (NaN / Inf fail it); only in-range values reach
+        # floor() -> int32, so there is no float -> int overflow
+        if (h_im > minus_one and w_im > minus_one
+                and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl)):
+            y0: T.let = T.Cast("int32", T.floor(h_im))
+            x0: T.let = T.Cast("int32", T.floor(w_im))
+            lh: T.let = h_im - T.Cast(dtype, y0)
+            lw: T.let = w_im - T.Cast(dtype, x0)
+            ky: T.let = vk // 2
+            kx: T.let = vk % 2
+            y: T.let = y0 + ky
+            x: T.let = x0 + kx
+            r: T.let = lsi[vl] + y * wl + x
+            # per-corner validity, and 0 <= row < K so that any level_start_index
+            # stays in bounds
+            if y >= 0 and y < hl and x >= 0 and x < wl and r >= 0 and r < K:
+                fy: T.let = T.if_then_else(ky == 1, lh, one - lh)
+                fx: T.let = T.if_then_else(kx == 1, lw, one - lw)
+                rows[vb, vq, vh, vl, vp, vk] = r
+                w[vb, vq, vh, vl, vp, vk] = fy * fx
+                if derivatives:
+                    dx[vb, vq, vh, vl, vp, vk] = T.if_then_else(kx == 1, fy, zero - fy)
+                    dy[vb, vq, vh, vl, vp, vk] = T.if_then_else(ky == 1, fx, zero - fx)
+
+    return corner
+
+
+class LevelChecks:
+    """The checks of both directions beyond the spec: im2col_step divides the batch, and
+    K == sum(h*w) of spatial_shapes (a value check, read on the host for host tensors and
+    once per tensor and version for CUDA ones; the kernels guard every row by 0 <= row < K,
+    so inconsistent level tables stay memory-safe)."""
+
+    name = ""
+
+    def rules(self, problem):
+        op, sizes = self.name, problem.sizes
+        step, batch = problem.params["im2col_step"], sizes["B"]
+        if batch > 0:  # B == 0 is the zero-element rule's BAD_PARAM
+            im2col = min(batch, step)
+            if batch % im2col:
+                raise BadParamError(f"{op}: im2col_step: min(B, im2col_step) = {im2col} must divide "
+                                    f"value.shape[0] (B) = {batch}, got im2col_step={step}")
+
+    def value_rules(self, problem, inputs):
+        negative, total = interop.host_values(inputs["spatial_shapes"], level_problems)
+        if negative is not None:
+            raise BadParamError(f"{self.name}: spatial_shapes must be non-negative (h, w) pairs, got {negative}")
+        if total != problem.sizes["K"]:
+            raise BadParamError(f"{self.name}: value.shape[1] (K) must equal sum(h*w) of spatial_shapes = "
+                                f"{total}, got {problem.sizes['K']}")
+
+
+def level_problems(values: np.ndarray):
+    """(the pairs if any is negative else None, sum(h*w)) of spatial_shapes' values."""
+    shapes = np.asarray(values, np.int64).reshape(-1, 2)
+    negative = shapes.tolist() if (shapes < 0).any() else None
+    return negative, int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
