@@ -155,8 +155,8 @@ def _signature_kind(value) -> str:
 
 
 _host_results: dict = {}  # (host values, dtype, shape, convert) -> convert's result
-_host_copies: dict = {}  # id(device tensor) -> (its version, host value); dropped when it dies
-_host_copies_lock = threading.Lock()
+_per_version: dict = {}  # (id(device tensor), make) -> (its version, make's result); dropped when it dies
+_per_version_lock = threading.Lock()
 
 
 def host_values(value, convert):
@@ -172,16 +172,26 @@ def host_values(value, convert):
             if len(_host_results) > 64:
                 _host_results.pop(next(iter(_host_results)))
         return result
-    key = id(value)
-    with _host_copies_lock:
-        cached = _host_copies.get(key)
+    return per_version(value, convert, _read_to_host)
+
+
+def _read_to_host(value, convert):
+    return convert(value.detach().cpu().numpy())  # the one synchronisation per tensor and version
+
+
+def per_version(value, key, make=None):
+    """make(value, key) (key(value) without make), computed once per torch tensor object,
+    version (its counter of in-place changes) and key; forgotten when the tensor dies."""
+    entry = (id(value), key)
+    with _per_version_lock:
+        cached = _per_version.get(entry)
     if cached is not None and cached[0] == value._version:
         return cached[1]
-    result = convert(value.detach().cpu().numpy())  # the one synchronisation per tensor and version
-    with _host_copies_lock:
-        if key not in _host_copies:
-            weakref.finalize(value, _host_copies.pop, key, None)
-        _host_copies[key] = (value._version, result)
+    result = key(value) if make is None else make(value, key)
+    with _per_version_lock:
+        if entry not in _per_version:
+            weakref.finalize(value, _per_version.pop, entry, None)
+        _per_version[entry] = (value._version, result)
     return result
 
 
