@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from .conftest import requires_torch
+
 COMMANDS = ["build", "test", "bench", "list"]
 
 
@@ -97,3 +99,15 @@ def test_a_failure_exits_non_zero_with_one_line(args):
     done = cli(*args)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error [BAD_PARAM]")
+
+
+@requires_torch
+def test_bench_functions_times_forward_and_training_step_against_pytorch():
+    done = cli("bench", "--functions", "--case", "net_detr_decoder_reduced", "--repeat", "1")
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("ms_deform_attn ")]
+    assert [(fields[1], fields[2]) for fields in lines] == [("net_detr_decoder_reduced", "forward"),
+                                                           ("net_detr_decoder_reduced", "train")]
+    for fields in lines:
+        ratio = " ".join(fields).rsplit("x", 1)[1]
+        assert float(fields[3]) > 0 and float(ratio) > 0

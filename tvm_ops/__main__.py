@@ -100,6 +100,8 @@ def cmd_bench(args) -> int:
     peak = bench.peak_flops(model)
     print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
           + (f", peak {peak / 1e9:.0f} GFLOP/s (cores x clock x lanes x 4)" if peak else ""))
+    if args.functions:
+        return _functions(args, model, bandwidth)
     lines = []
     for op in _ops(args.op):
         for case in op.spec.cases_in(args.cases):
@@ -116,6 +118,18 @@ def cmd_bench(args) -> int:
 
         plot.bench_lines(lines, model.key, Path(args.plot))
         print(f"# plot: {args.plot}")
+    return 0
+
+
+def _functions(args, model, bandwidth) -> int:
+    """`bench --functions`: the torch functions, forward alone and a training step, vs PyTorch."""
+    from .bench_functions import FUNCTIONS
+
+    print("# function         case                       mode      tvm_ops (torch tensors in, "
+          "autograd included)  vs the PyTorch formulation, same run")
+    for cases in FUNCTIONS.values():
+        for line in cases(model, bandwidth, args.repeat, args.case):
+            print(line.text(), flush=True)
     return 0
 
 
@@ -260,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--plot", metavar="FILE.png",
                    help="also draw the results: per case our time and each peer's (log scale), with the "
                         "io efficiency (needs matplotlib: pip install 'tvm_ops[plot]')")
+    m.add_argument("--functions", action="store_true",
+                   help="time the torch functions (tvm_ops.functional) on the network cases, forward alone and "
+                        "forward + backward, against their PyTorch formulations")
     m.add_argument("--overhead", action="store_true",
                    help="instead: host time of a repeated tiny call per operator (numpy and torch, with "
                         "and without out=), against its kernels alone and the PyTorch peer")
