@@ -97,6 +97,24 @@ def corner_macro(dtype: str, position, derivatives: bool = True):
     return corner
 
 
+def private_slice(sizes: dict, plan: dict) -> bool:
+    """Whether a CPU kernel works on a private contiguous [K, C] copy of each (b, h) slice
+    (knobs private_slice, private_min_ratio of both directions). The copy costs one strided
+    pass over the value slice per (b, h); it pays off only when the slice receives many
+    samples (BEVFormer: Q*L*P = 309k per slice vs K = 31k rows; the Deformable-DETR decoder
+    case: 3.6k samples vs K = 40k)."""
+    mode = plan["private_slice"]
+    if mode in ("always", "never"):
+        return mode == "always"
+    return sizes["Q"] * sizes["L"] * sizes["P"] >= plan["private_min_ratio"] * sizes["K"]
+
+
+def cpu_kernel_name(base: str, private: bool, sizes: dict, plan: dict) -> str:
+    """base[_private][_fixed_c]: the CPU kernel of a call (C compiled in when it matches)."""
+    name = base + "_private" if private else base
+    return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
+
+
 class LevelChecks:
     """The checks of both directions beyond the spec: im2col_step divides the batch, and
     K == sum(h*w) of spatial_shapes (a value check, read on the host for host tensors and

@@ -56,27 +56,19 @@ from __future__ import annotations
 from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
-from ..ms_deform_attn_sampling import LevelChecks
+from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice
 from . import schedule
 from .compute import KERNELS, cpu_backward_compute, cuda_backward_compute
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
-    """True: use the `backward_private` CPU kernel. The private [K, C] slice costs a
-    copy of the value slice per (b, h) (and replaces the zero-fill by a write-back); it
-    pays off only when the slice receives many samples (BEVFormer: Q*L*P = 309k per
-    slice vs K = 31k rows; the Deformable-DETR decoder case: 3.6k samples vs K = 40k)."""
-    mode = plan["private_slice"]
-    if mode in ("always", "never"):
-        return mode == "always"
-    samples = sizes["Q"] * sizes["L"] * sizes["P"]
-    return samples >= plan["private_min_ratio"] * sizes["K"]
+    """True: use the `backward_private` CPU kernel (and replaces the zero-fill by a write-back) (ms_deform_attn_sampling.private_slice)."""
+    return private_slice(sizes, plan)
 
 
 def cpu_kernel(sizes: dict, plan: dict) -> str:
     """Which CPU kernel a call runs, from its sizes and its library's plan."""
-    name = "backward_private" if policy_llvm(sizes, plan) else "backward"
-    return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
+    return cpu_kernel_name("backward", policy_llvm(sizes, plan), sizes, plan)
 
 
 class MsDeformAttnBackward(LevelChecks, Operator):

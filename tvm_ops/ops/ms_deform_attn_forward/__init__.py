@@ -27,26 +27,19 @@ from __future__ import annotations
 
 from ... import policy
 from ..base import Operator
-from ..ms_deform_attn_sampling import LevelChecks, exact_position, fma_position
+from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice, exact_position, fma_position
 from . import schedule
 from .compute import KERNELS, forward_compute
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
-    """True: use `forward_private`. Copying the [K, C] value slice costs one strided pass
-    over it per (b, h); it pays off when the slice is gathered from many times (BEVFormer:
-    Q*L*P = 309k samples per slice vs K = 31k rows; the Deformable-DETR decoder case: 3.6k
-    samples vs K = 40k rows, where the copy would read more than the gathers)."""
-    mode = plan["private_slice"]
-    if mode in ("always", "never"):
-        return mode == "always"
-    return sizes["Q"] * sizes["L"] * sizes["P"] >= plan["private_min_ratio"] * sizes["K"]
+    """True: use the `forward_private` CPU kernel (ms_deform_attn_sampling.private_slice)."""
+    return private_slice(sizes, plan)
 
 
 def cpu_kernel(sizes: dict, plan: dict) -> str:
     """Which CPU kernel a call runs, from its sizes and its library's plan."""
-    name = "forward_private" if policy_llvm(sizes, plan) else "forward"
-    return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
+    return cpu_kernel_name("forward", policy_llvm(sizes, plan), sizes, plan)
 
 
 class MsDeformAttnForward(LevelChecks, Operator):
