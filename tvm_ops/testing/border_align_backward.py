@@ -81,7 +81,7 @@ def box_layout(kind: str, n: int, k: int, h: int, w: int, rng) -> np.ndarray:
 def border_sample(x0, y0, x1, y1, i, pool_size, where):
     """(x, y) of sample i (0..pool_size) on borders s = 0..3 (top, left, bottom, right) of
     boxes (x0, y0, x1, y1), for numpy (where=np.where) or torch (torch.where): the sample
-    rule that the kernels' `_sample_xy` (ops/border_align_backward/compute.py) computes in
+    rule that the kernels' `sample_xy` (ops/border_align_sampling.py) computes in
     float32. x0.. are [..., 1, 1] or broadcast so; the border axis is dim -2, i [..., 4, C].
 
     A border moves along one axis from its start corner to its end corner: top (x0, y0) ->

@@ -2,7 +2,7 @@
 
 For each (n, k, border s, channel c), i = argmax_idx[n, k, s, c]; when 0 <= i <= pool_size,
 grad_output[n, k, s, c] is spread bilinearly at the border sample start_s + i * step_s of box
-k (sample pool_size: exactly the border's end corner; the rule: compute.py's _sample_xy) into
+k (sample pool_size: exactly the border's end corner; the rule: ops/border_align_sampling.py) into
 grad_input[n, :, :, s*C + c]. Layout (the seed's NHWC): grad_output [N, K, 4, C],
 boxes [N, K, 4] (x0, y0, x1, y1), argmax_idx [N, K, 4, C] int32, grad_input [N, H, W, 4C]
 with K == H*W. Border s: 0 top, 1 left, 2 bottom, 3 right. Contract:

@@ -21,6 +21,7 @@ from tvm.script import tirx as T
 
 from ...host_buffers import LINE_BYTES
 from .. import cpu_ir, task_queue
+from ..border_align_sampling import sample_xy
 from ..prefetch import prefetch_words
 
 SCATTER = "border_align_backward_scatter"
@@ -94,22 +95,6 @@ def _all_finite(values, lanes):
     return T.call_pure_extern("int32", f"tvm_ops_all_finite_x{lanes}", values[T.Ramp(0, 1, lanes)]) != 0
 
 
-def _sample_xy(BX, vn, vk, vs, i, pool_size):
-    """(x, y) of sample i (int32, 0..pool_size) on border vs of box (vn, vk), as float32
-    expressions, by the sample rule that testing/border_align_backward.py's `border_sample`
-    states (and the reference and the PyTorch peers use): along the moving axis
-    start + i * ((end - start) / pool_size), the end corner itself at i == pool_size; the other
-    axis the start corner's."""
-    fp = T.Cast("float32", pool_size)
-    x0, y0, x1, y1 = (T.Cast("float32", BX[vn, vk, j]) for j in range(4))
-    start_x, start_y = T.Select(vs < 2, x0, x1), T.Select(vs < 2, y0, y1)
-    end_x, end_y = T.Select(vs == 0, x1, x0), T.Select(vs == 1, y1, y0)  # on the moving axis
-    fi = T.Cast("float32", i)
-    x = T.Select(vs % 2 == 0, T.Select(i == pool_size, end_x, start_x + fi * ((end_x - start_x) / fp)), start_x)
-    y = T.Select(vs % 2 == 1, T.Select(i == pool_size, end_y, start_y + fi * ((end_y - start_y) / fp)), start_y)
-    return x, y
-
-
 @T.macro(hygienic=False)
 def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
     """Channels c0 .. c0 + lanes - 1 of (n, k, border s): the sample their argmax names, its
@@ -127,7 +112,7 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
         am = T.meta_var(AM[vn, vk, vs, c0 + l])
         hit = T.meta_var(am >= 0 and am <= pool_size)
         # an argmax outside [0, pool_size] (even INT32_MIN/MAX) becomes sample 0, masked below
-        x, y = T.meta_var(_sample_xy(BX, vn, vk, vs, T.Select(hit, am, 0), pool_size))
+        x, y = T.meta_var(sample_xy(BX, vn, vk, vs, T.Select(hit, am, 0), pool_size))
         ok = T.meta_var(hit and y >= T.float32(-1) and y <= T.Cast("float32", H)
                         and x >= T.float32(-1) and x <= T.Cast("float32", W))
         SG[l] = T.Select(ok, T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0))
@@ -284,7 +269,7 @@ def _sample_block(vn, vk, vs, b, lanes, lane_loop, by_position):
     # two loops, the second reading what the first staged (a local array written and read
     # in the same vectorised iteration is compacted to 1 element: wrong results)
     for j in T.vectorized(SAMPLE_BLOCK):
-        x, y = T.meta_var(_sample_xy(BX, vn, vk, vs, b * SAMPLE_BLOCK + j, pool_size))
+        x, y = T.meta_var(sample_xy(BX, vn, vk, vs, b * SAMPLE_BLOCK + j, pool_size))
         ok = T.meta_var(b * SAMPLE_BLOCK + j <= pool_size and y >= T.float32(-1)
                         and y <= T.Cast("float32", H) and x >= T.float32(-1) and x <= T.Cast("float32", W))
         OK[j] = T.Select(ok, 1, 0)
