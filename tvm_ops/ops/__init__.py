@@ -12,6 +12,7 @@ import importlib
 
 NAMES = (
     "border_align_backward",
+    "border_align_forward",
     "dynamic_scatter_backward",
     "ms_deform_attn_backward",
     "ms_deform_attn_forward",

@@ -1,0 +1,59 @@
+"""Schedule recipes for border_align_forward (knobs: schedules/border_align_forward.yaml).
+
+Kernels: `border` (channels in whole vectors on the CPU, all channels on CUDA) and
+`border_tail` (the C % vector channels on the CPU; on CUDA the same kernel as `border`,
+never launched)."""
+
+from __future__ import annotations
+
+from .compute import KERNELS
+
+
+def llvm(sch, kernel, model, plan):
+    """Owner computes: a parallel task per box (n, k). Its (pool_size + 1) x 4 samples'
+    cells and weights are computed once per box (compute_at the box loop: a workspace of
+    that size), then per (border, channel vector) the max and argmax over the samples stay
+    in registers while the samples are walked, and are stored once."""
+    if kernel not in KERNELS:
+        raise KeyError(kernel)
+    block = sch.get_sblock("border")
+    n, k, s, i, co, ci = sch.get_loops(block)
+    sch.reorder(n, k, s, co, i, ci)
+    box = sch.fuse(n, k)
+    sch.parallel(box)
+    argmax = sch.cache_write(block, 1, "global")  # [vector] int32 per (border, vector): registers
+    sch.reverse_compute_at(argmax, co)
+    sch.reverse_compute_at(sch.get_sblock("output"), co)
+    if kernel == "border":
+        sch.vectorize(ci)
+        sch.vectorize(sch.get_loops(argmax)[-1])
+        sch.vectorize(sch.get_loops(sch.get_sblock("output"))[-1])
+    sch.decompose_reduction(block, i)
+    sch.compute_at(sch.get_sblock("sample"), box)
+
+
+def cuda(sch, kernel, model, plan):
+    """mmcv's plan: a thread per (n, k, border, channel), the max and argmax over the samples
+    in registers, each thread computing its samples' cells and weights. Block: one box,
+    threads_c channels x the 4 borders; blockIdx.y walks channel groups (the split's
+    predicate guards the last)."""
+    if kernel not in KERNELS:
+        raise KeyError(kernel)
+    threads = int(plan["threads_c"])
+    block = sch.get_sblock("border")
+    n, k, s, i, co, ci = sch.get_loops(block)
+    c_o, c_i = sch.split(ci, [None, threads])
+    sch.reorder(n, k, c_o, s, c_i, co, i)
+    sch.bind(sch.fuse(n, k), "blockIdx.x")
+    sch.bind(c_o, "blockIdx.y")
+    sch.bind(s, "threadIdx.y")
+    sch.bind(c_i, "threadIdx.x")
+    argmax = sch.cache_write(block, 1, "local")
+    sch.set_scope(block, 0, "local")  # the float32 max: an intermediate, a register per thread
+    sch.reverse_compute_at(argmax, co)
+    sch.reverse_compute_at(sch.get_sblock("output"), co)
+    sch.decompose_reduction(block, i)
+    sample = sch.get_sblock("sample")
+    sch.compute_at(sample, i)
+    for buffer in range(2):
+        sch.set_scope(sample, buffer, "local")
