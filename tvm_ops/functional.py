@@ -18,7 +18,7 @@ from torch import Tensor
 from . import interop
 from .errors import BadParamError
 
-__all__ = ["MultiScaleDeformableAttnFunction", "ms_deform_attn"]
+__all__ = ["BorderAlign", "MultiScaleDeformableAttnFunction", "border_align", "ms_deform_attn"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -131,3 +131,80 @@ class MultiScaleDeformableAttnFunction:
     im2col_step)` is `ms_deform_attn`."""
 
     apply = staticmethod(ms_deform_attn)
+
+
+# --- border align (BorderDet) ----------------------------------------------------------------
+# The custom ops take the kernels' NHWC layout; border_align permutes mmcv's NCHW around them
+# (torch differentiates the permutes), so torch.compile sees the layout changes too.
+
+
+@torch.library.custom_op("tvm_ops::border_align_forward", mutates_args=())
+def _border_forward(input: Tensor, boxes: Tensor, pool_size: int) -> tuple[Tensor, Tensor]:
+    from .ops.border_align_forward import border_align_forward
+
+    return border_align_forward(_kernel_input(input), _kernel_input(boxes), pool_size, target=_target(input))
+
+
+@_border_forward.register_fake
+def _border_forward_shape(input, boxes, pool_size):
+    n, _, _, q = input.shape
+    shape = (n, boxes.shape[1], 4, q // 4)
+    return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
+
+
+@torch.library.custom_op("tvm_ops::border_align_backward", mutates_args=())
+def _border_backward(grad_output: Tensor, boxes: Tensor, argmax_idx: Tensor, pool_size: int, height: int,
+                     width: int) -> Tensor:
+    from .ops.border_align_backward import border_align_backward
+
+    return border_align_backward(_kernel_input(grad_output), _kernel_input(boxes), argmax_idx, pool_size,
+                                 height=height, width=width, target=_target(grad_output))
+
+
+@_border_backward.register_fake
+def _border_backward_shape(grad_output, boxes, argmax_idx, pool_size, height, width):
+    n, _, _, c = grad_output.shape
+    return grad_output.new_empty((n, height, width, 4 * c))
+
+
+def _border_setup_context(ctx, inputs, output):
+    input, boxes, pool_size = inputs
+    ctx.save_for_backward(boxes, output[1])
+    ctx.pool_size, ctx.height, ctx.width = pool_size, input.shape[1], input.shape[2]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _border_grad(ctx, grad_output, _grad_argmax):
+    boxes, argmax_idx = ctx.saved_tensors
+    grad_input = _border_backward(grad_output.contiguous(), boxes, argmax_idx, ctx.pool_size, ctx.height,
+                                  ctx.width)
+    return grad_input, None, None
+
+
+_border_forward.register_autograd(_border_grad, setup_context=_border_setup_context)
+
+
+def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
+    """BorderAlign with mmcv's contract: input [N, 4C, H, W] (borders top, left, bottom, right
+    as channel blocks), boxes [N, H*W, 4] (x0, y0, x1, y1) -> [N, C, H*W, 4], the max over the
+    pool_size + 1 samples of each border; float32 or float16. Differentiable in input (the
+    backward is tvm_ops.border_align_backward of the forward's argmax). The kernels work in
+    NHWC: the input is copied into it and the result is a permuted view of the kernels'
+    [N, H*W, 4, C] output. Rules: tvm_ops.border_align_forward."""
+    output, _ = _border_forward(input.permute(0, 2, 3, 1), boxes, int(pool_size))
+    return output.permute(0, 3, 1, 2)
+
+
+class BorderAlign(torch.nn.Module):
+    """mmcv's `BorderAlign(pool_size)` layer: forward(input, boxes) = border_align(input, boxes,
+    pool_size)."""
+
+    def __init__(self, pool_size: int):
+        super().__init__()
+        self.pool_size = int(pool_size)
+
+    def forward(self, input: Tensor, boxes: Tensor) -> Tensor:
+        return border_align(input, boxes, self.pool_size)
+
+    def extra_repr(self) -> str:
+        return f"pool_size={self.pool_size}"

@@ -1,0 +1,170 @@
+"""tvm_ops.functional.border_align: a BorderDet-style border branch trained with it and with a
+stock-PyTorch border align, finite differences, torch.library registration, torch.compile."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import tvm_ops.functional as tf  # noqa: E402
+
+
+# --- stock PyTorch border align (bilinear gathers, max over the samples), from the math -------
+def stock_border_align(input, boxes, pool_size):
+    """input [N, 4C, H, W], boxes [N, H*W, 4] -> [N, C, H*W, 4]; autograd through the gathers
+    and the max (whose gradient goes to the first maximal sample, as the argmax rule)."""
+    N, Q, H, W = input.shape
+    C = Q // 4
+    K = boxes.shape[1]
+    feat = input.view(N, 4, C, H * W)
+    values = []
+    for i in range(pool_size + 1):
+        x0, y0, x1, y1 = boxes.unbind(-1)  # [N, K]
+        # top (x0,y0)->(x1,y0), left (x0,y0)->(x0,y1), bottom (x1,y1)->(x0,y1), right (x1,y1)->(x1,y0)
+        starts = [(x0, y0), (x0, y0), (x1, y1), (x1, y1)]
+        ends = [(x1, y0), (x0, y1), (x0, y1), (x1, y0)]
+        per_border = []
+        for s in range(4):
+            (sx, sy), (ex, ey) = starts[s], ends[s]
+            if i == pool_size:
+                x, y = ex, ey
+            else:
+                x = sx + i * ((ex - sx) / pool_size) if s % 2 == 0 else sx
+                y = sy + i * ((ey - sy) / pool_size) if s % 2 == 1 else sy
+            per_border.append(bilinear(feat[:, s], y, x, H, W))  # [N, C, K]
+        values.append(torch.stack(per_border, -1))  # [N, C, K, 4]
+    return torch.stack(values, -1).max(-1).values
+
+
+def bilinear(feat, y, x, H, W):
+    """feat [N, C, H*W] sampled at (y, x) [N, K] with the roi_align rule -> [N, C, K]."""
+    inside = (y >= -1) & (y <= H) & (x >= -1) & (x <= W)
+    y = torch.where(inside, y.clamp(min=0), torch.zeros_like(y))
+    x = torch.where(inside, x.clamp(min=0), torch.zeros_like(x))
+    y0, x0 = y.long(), x.long()
+    top_y, top_x = y0 >= H - 1, x0 >= W - 1
+    y_low, x_low = torch.where(top_y, H - 1, y0), torch.where(top_x, W - 1, x0)
+    y_high, x_high = torch.where(top_y, H - 1, y0 + 1), torch.where(top_x, W - 1, x0 + 1)
+    ly = torch.where(top_y, torch.zeros_like(y), y - y0)
+    lx = torch.where(top_x, torch.zeros_like(x), x - x0)
+
+    def at(yy, xx):
+        index = (yy * W + xx).unsqueeze(1).expand(-1, feat.shape[1], -1)
+        return feat.gather(2, index)
+
+    value = ((1 - ly) * (1 - lx)).unsqueeze(1) * at(y_low, x_low) + ((1 - ly) * lx).unsqueeze(1) * at(y_low, x_high) \
+        + (ly * (1 - lx)).unsqueeze(1) * at(y_high, x_low) + (ly * lx).unsqueeze(1) * at(y_high, x_high)
+    return torch.where(inside.unsqueeze(1), value, torch.zeros_like(value))
+
+
+def make_boxes(N, H, W, seed=0, spill=0.0):
+    g = torch.Generator().manual_seed(seed)
+    ys, xs = torch.meshgrid(torch.arange(H, dtype=torch.float32), torch.arange(W, dtype=torch.float32), indexing="ij")
+    centre = torch.stack([xs, ys], -1).view(1, H * W, 2).expand(N, -1, -1)
+    half = torch.rand(N, H * W, 2, generator=g) * (1.5 + spill) + 0.3
+    return torch.cat([centre - half, centre + half], -1)
+
+
+class BorderBranch(nn.Module):
+    """BorderDet's border branch in small: a conv to 4C border features, border align, and a
+    1x1 conv over the pooled borders to a score per box."""
+
+    def __init__(self, align, channels=8, pool_size=6):
+        super().__init__()
+        self.align, self.pool_size = align, pool_size
+        self.features = nn.Conv2d(6, 4 * channels, 3, padding=1)
+        self.head = nn.Conv2d(channels, 3, 1)
+
+    def forward(self, image, boxes):
+        pooled = self.align(self.features(image), boxes, self.pool_size)  # [N, C, K, 4]
+        return self.head(pooled).mean(-1)  # [N, 3, K]
+
+
+def test_border_branch_trains_the_same_as_stock_pytorch():
+    torch.manual_seed(2)
+    ours = BorderBranch(tf.border_align)
+    theirs = BorderBranch(stock_border_align)
+    theirs.load_state_dict(ours.state_dict())
+    N, H, W = 2, 5, 7
+    g = torch.Generator().manual_seed(3)
+    image = torch.randn(N, 6, H, W, generator=g)
+    boxes = make_boxes(N, H, W, seed=4, spill=2.0)  # some corners outside the map
+    target = torch.randn(N, 3, H * W, generator=g)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.3) for m in (ours, theirs)]
+    start = {k: v.clone() for k, v in ours.state_dict().items()}
+    for step in range(5):
+        results = []
+        for model, opt in zip((ours, theirs), opts):
+            opt.zero_grad()
+            out = model(image, boxes)
+            loss = torch.nn.functional.mse_loss(out, target)
+            loss.backward()
+            results.append((out, loss))
+        torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step} {name}: {m}")
+        for opt in opts:
+            opt.step()
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=lambda m: f"step {step} {name}: {m}")
+    assert not torch.equal(ours.features.weight, start["features.weight"])
+
+
+def test_forward_and_gradient_match_stock_pytorch_in_float16_too():
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(1, 12, 4, 5, generator=g).to(dtype).requires_grad_(True)
+        boxes = make_boxes(1, 4, 5, seed=6, spill=1.0).to(dtype)
+        out = tf.border_align(x, boxes, 5)
+        expected = stock_border_align(x.float(), boxes.float(), 5)
+        torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
+        grad = torch.randn(out.shape, generator=g).to(dtype)
+        (ours,) = torch.autograd.grad(out, x, grad)
+        x32 = x.detach().float().requires_grad_(True)
+        (theirs,) = torch.autograd.grad(stock_border_align(x32, boxes.float(), 5), x32, grad.float())
+        torch.testing.assert_close(ours.float(), theirs, rtol=tol, atol=tol)
+
+
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")  # float32 ops: loose tolerances
+def test_gradient_matches_finite_differences():
+    x = torch.randn(1, 8, 3, 4, generator=torch.Generator().manual_seed(7)).requires_grad_(True)
+    boxes = make_boxes(1, 3, 4, seed=8)
+    assert torch.autograd.gradcheck(lambda t: tf.border_align(t, boxes, 4), (x,), eps=1e-3, atol=2e-3, rtol=2e-2)
+
+
+def test_opcheck_passes_for_both_ops():
+    x = torch.randn(1, 3, 4, 8, requires_grad=True)  # NHWC, as the custom op takes it
+    boxes = make_boxes(1, 3, 4, seed=9)
+    torch.library.opcheck(torch.ops.tvm_ops.border_align_forward.default, (x, boxes, 4))
+    _, argmax = torch.ops.tvm_ops.border_align_forward(x.detach(), boxes, 4)
+    grad = torch.randn(1, 12, 4, 2)
+    torch.library.opcheck(torch.ops.tvm_ops.border_align_backward.default, (grad, boxes, argmax, 4, 3, 4))
+
+
+def test_compiles_without_graph_breaks_and_the_module_is_thin():
+    layer = tf.BorderAlign(5)
+    assert "pool_size=5" in repr(layer)
+    x = torch.randn(2, 16, 3, 4, requires_grad=True)
+    boxes = make_boxes(2, 3, 4, seed=10)
+    compiled = torch.compile(lambda a, b: layer(a, b).square().sum(), fullgraph=True, backend="aot_eager")
+    loss = compiled(x, boxes)
+    loss.backward()
+    eager_x = x.detach().clone().requires_grad_(True)
+    eager = layer(eager_x, boxes).square().sum()
+    eager.backward()
+    torch.testing.assert_close(loss, eager)
+    torch.testing.assert_close(x.grad, eager_x.grad)
+
+
+def test_no_grad_runs_the_forward_alone(monkeypatch):
+    from tvm_ops.ops import border_align_backward as backward
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward ran")
+
+    monkeypatch.setattr(backward, "border_align_backward", refuse)
+    x = torch.randn(1, 8, 3, 4, requires_grad=True)
+    with torch.no_grad():
+        out = tf.border_align(x, make_boxes(1, 3, 4), 4)
+    assert out.grad_fn is None and out.shape == (1, 2, 12, 4)
