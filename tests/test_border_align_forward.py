@@ -121,3 +121,25 @@ def test_pool_size_bounds(pool):
     feat, boxes = make(1, 3, 4, 8)
     with pytest.raises(tvm_ops.BadParamError, match="pool_size"):
         tvm_ops.border_align_forward(feat, boxes, pool)
+
+
+def test_channels_first_input_views_give_the_same_bits():
+    # mmcv's NCHW memory seen as NHWC (functional.border_align passes that): the to_nhwc kernel
+    # converts it; a view with a size-1 dim and a generic strided view take the copy path
+    feat, boxes = make(2, 3, 5, 6, "partly_outside", seed=11)
+    expected = tvm_ops.border_align_forward(feat, boxes, 4)
+    nchw = np.ascontiguousarray(feat.transpose(0, 3, 1, 2))
+    wide = np.zeros(feat.shape[:3] + (2 * feat.shape[3],), feat.dtype)
+    wide[..., ::2] = feat
+    views = [nchw.transpose(0, 2, 3, 1), wide[..., ::2]]
+    torch = pytest.importorskip("torch")
+    views.append(torch.from_numpy(nchw).permute(0, 2, 3, 1))
+    for view in views:
+        output, argmax = tvm_ops.border_align_forward(view, boxes if isinstance(view, np.ndarray)
+                                                      else torch.from_numpy(boxes), 4)
+        assert np.array_equal(np.asarray(output), expected[0]) and np.array_equal(np.asarray(argmax), expected[1])
+    one_row, one_boxes = make(1, 1, 4, 3, seed=12)
+    nchw = np.ascontiguousarray(one_row.transpose(0, 3, 1, 2))
+    got = tvm_ops.border_align_forward(nchw.transpose(0, 2, 3, 1), one_boxes, 3)
+    want = tvm_ops.border_align_forward(one_row, one_boxes, 3)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))

@@ -36,6 +36,47 @@ class FunctionLine:
                 f"x{self.peer_ms / self.median_ms:6.1f}")
 
 
+def _timed(function, case, ours, peer, peer_name, leaves, grad, costs, repeat, device, bandwidth, peak):
+    """FunctionLines of one case: `ours` and `peer` (callables over `leaves`) timed forward
+    alone (no_grad) and as a training step (forward, then backward of `grad`); costs =
+    {"forward": (io, ops), "train": (io, ops)} of the kernels each mode runs."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else None
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn(*leaves)
+        return run
+
+    def step(fn):
+        def run():
+            for leaf in leaves:
+                leaf.grad = None
+            fn(*leaves).backward(grad)
+        return run
+
+    for mode, wrap in (("forward", no_grad), ("train", step)):
+        timed = {}
+        for name, fn in (("tvm_ops", ours), (peer_name, peer)):
+            run = wrap(fn)
+            run()  # build or load kernels, warm the allocator
+            timed[name] = median_seconds(run, repeat if name == "tvm_ops" else max(3, repeat // 2), sync)
+        seconds = timed["tvm_ops"]
+        io, ops = costs[mode]
+        yield FunctionLine(function, case.name, mode, seconds * 1e3, io / seconds / bandwidth,
+                           (ops / seconds / peak) if peak and ops else None, peer_name, timed[peer_name] * 1e3)
+
+
+def _torch_inputs(op, case, device):
+    """The spec case's inputs (numpy, params) and the same as torch tensors on `device`."""
+    import torch
+
+    inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
+    return inputs, params, {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in inputs.items()}
+
+
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation."""
     import torch
@@ -45,14 +86,11 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
 
     forward, backward = get("ms_deform_attn_forward"), get("ms_deform_attn_backward")
     device = "cuda" if model.kind == "cuda" else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else None
     peak = peak_flops(model)
     for case in forward.spec.cases_in("network"):
         if case_name and case.name != case_name:
             continue
-        inputs, params = material(forward).make_inputs(case, "float32", runner.case_rng(forward.name, case.name,
-                                                                                       "float32"))
-        t = {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in inputs.items()}
+        inputs, params, t = _torch_inputs(forward, case, device)
         shapes = t["spatial_shapes"].long()  # what mmcv's callers pass
         starts = t["level_start_index"].long()
         levels = [tuple(x) for x in inputs["spatial_shapes"].tolist()]
@@ -66,32 +104,45 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
         def peer(value, loc, attn):
             return msda_pytorch(value, levels, loc, attn)
 
-        def no_grad(fn):
-            def run():
-                with torch.no_grad():
-                    fn(*leaves)
-            return run
-
-        def step(fn):
-            def run():
-                for leaf in leaves:
-                    leaf.grad = None
-                fn(*leaves).backward(grad)
-            return run
-
-        itemsize = 4
-        fwd_io, fwd_ops = forward.spec.theory(case.shape, itemsize, params)
-        bwd_io, bwd_ops = backward.spec.theory(case.shape, itemsize, params)
-        for mode, wrap, io, ops in (("forward", no_grad, fwd_io, fwd_ops),
-                                    ("train", step, fwd_io + bwd_io, fwd_ops + bwd_ops)):
-            timed = {}
-            for name, fn in (("tvm_ops", ours), ("grid_sample", peer)):
-                run = wrap(fn)
-                run()  # build or load kernels, warm the allocator
-                timed[name] = median_seconds(run, repeat if name == "tvm_ops" else max(3, repeat // 2), sync)
-            seconds = timed["tvm_ops"]
-            yield FunctionLine("ms_deform_attn", case.name, mode, seconds * 1e3, io / seconds / bandwidth,
-                               (ops / seconds / peak) if peak else None, "grid_sample", timed["grid_sample"] * 1e3)
+        fwd = forward.spec.theory(case.shape, 4, params)
+        bwd = backward.spec.theory(case.shape, 4, params)
+        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        yield from _timed("ms_deform_attn", case, ours, peer, "grid_sample", leaves, grad, costs, repeat, device,
+                          bandwidth, peak)
 
 
-FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases}
+def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
+    """FunctionLines of tvm_ops.functional.border_align (mmcv's NCHW layout, the permutes
+    included) vs the fastest stock formulation of the forward's bench, run through autograd."""
+    import torch
+
+    from . import functional
+    from .testing.border_align_forward import torch_forward_per_sample
+
+    forward, backward = get("border_align_forward"), get("border_align_backward")
+    device = "cuda" if model.kind == "cuda" else "cpu"
+    peak = peak_flops(model)
+    for case in forward.spec.cases_in("network"):
+        if case_name and case.name != case_name:
+            continue
+        _, params, t = _torch_inputs(forward, case, device)
+        pool = params["pool_size"]
+        boxes = t["boxes"]
+        leaves = [t["input"].permute(0, 3, 1, 2).contiguous().requires_grad_(True)]  # NCHW, as mmcv's callers
+        n, q, h, w = leaves[0].shape
+        grad = torch.randn(n, q // 4, h * w, 4, device=device)
+
+        def ours(feat):
+            return functional.border_align(feat, boxes, pool)
+
+        def peer(feat):
+            return torch_forward_per_sample(feat.permute(0, 2, 3, 1), boxes, pool)[0].permute(0, 3, 1, 2)
+
+        fwd = forward.spec.theory(case.shape, 4, params)
+        bwd = backward.spec.theory(case.shape, 4, dict(params, height=h, width=w))
+        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        yield from _timed("border_align", case, ours, peer, "per_sample", leaves, grad, costs, repeat, device,
+                          bandwidth, peak)
+
+
+FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases}

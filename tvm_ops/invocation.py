@@ -43,7 +43,8 @@ class CallPlan:
     def __init__(self, op, problem: checks.Problem, kernels):
         self.op, self.problem, self.kernels = op, problem, kernels
         self.new_outputs = output_specs(op, problem)
-        self.copied = [name for name, info in problem.inputs.items() if not info.ready]
+        as_is = op.taken_as_is(problem) if kernels is not None else ()
+        self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
         if kernels is not None:  # None: an empty problem, whose outputs are zeros
             self.workspaces = op.workspaces(problem, kernels.plan)
             self.zeroed = op.zeroed(problem, kernels.plan)

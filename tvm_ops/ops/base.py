@@ -46,6 +46,11 @@ class Operator:
         and replay launch's kernel calls on a remote device."""
         return {}
 
+    def taken_as_is(self, problem: checks.Problem) -> tuple:
+        """Inputs that launch takes in their own layout although not contiguous (it converts
+        them itself, faster than a generic copy); the others are made contiguous first."""
+        return ()
+
     def zeroed(self, problem: checks.Problem, plan: dict) -> tuple:
         """Outputs and workspaces the kernels accumulate into (CUDA atomics): the call path
         zero-fills them before launch, and a replay on a remote device does the same."""

@@ -25,10 +25,12 @@ reads outside `input`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...errors import BadParamError
 from ..base import Operator
 from . import schedule
-from .compute import KERNELS, forward_compute
+from .compute import KERNELS, forward_compute, to_nhwc_compute
 
 MAX_POOL_SIZE = 1024  # samples per border - 1: BorderDet uses 10
 
@@ -49,6 +51,18 @@ class BorderAlignForward(Operator):
         if pool > MAX_POOL_SIZE:
             raise BadParamError(f"{op}: pool_size must be at most {MAX_POOL_SIZE} (the work per output is "
                                 f"pool_size + 1 samples), got {pool}")
+        problem.notes["channels_first"] = _channels_first(problem.inputs["input"])
+
+    def taken_as_is(self, problem):
+        # a channels-last view of contiguous NCHW memory (mmcv's layout, functional.border_align)
+        # is converted by the to_nhwc kernel, several times faster than a generic copy
+        return ("input",) if problem.notes["channels_first"] else ()
+
+    def workspaces(self, problem, plan):
+        if not problem.notes["channels_first"]:
+            return {}
+        s = problem.sizes
+        return {"input_nhwc": ((s["N"], s["H"], s["W"], s["Q"]), problem.dtype)}
 
     def plan(self, model, knobs):
         """mlu-ops splits the N*K*4 borders over taskDim; here a CPU task is a box (n, k) (its
@@ -63,11 +77,17 @@ class BorderAlignForward(Operator):
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
             v = int(plan["vector"])
-            return {"border": forward_compute(dtype, "main", v), "border_tail": forward_compute(dtype, "tail", v)}
-        return {name: forward_compute(dtype) for name in KERNELS}
+            borders = {"border": forward_compute(dtype, "main", v), "border_tail": forward_compute(dtype, "tail", v)}
+        else:
+            borders = {name: forward_compute(dtype) for name in ("border", "border_tail")}
+        return {**borders, "to_nhwc": to_nhwc_compute(dtype)}
 
     def launch(self, kernels, problem, tensors):
-        args = [tensors[t] for t in ("input", "boxes", "output", "argmax_idx")] + [problem.params["pool_size"]]
+        feat = tensors["input"]
+        if problem.notes["channels_first"]:
+            kernels["to_nhwc"](_as_nchw(feat), tensors["input_nhwc"])
+            feat = tensors["input_nhwc"]
+        args = [feat] + [tensors[t] for t in ("boxes", "output", "argmax_idx")] + [problem.params["pool_size"]]
         c = problem.sizes["C"]
         if problem.device == "cuda":
             kernels["border"](*args)
@@ -77,6 +97,30 @@ class BorderAlignForward(Operator):
             kernels["border"](*args)
         if c % v:
             kernels["border_tail"](*args)
+
+
+def _channels_first(info) -> bool:
+    """Whether an [N, H, W, Q] input is a permuted view of a contiguous [N, Q, H, W] tensor."""
+    if info.ready:
+        return False
+    value = info.value
+    n, h, w, q = info.shape
+    if isinstance(value, np.ndarray):
+        strides = tuple(s // value.itemsize for s in value.strides)
+        if not (value.dtype.isnative and value.flags.writeable):
+            return False
+    else:
+        strides = tuple(value.stride())
+    expected = (q * h * w, w, 1, h * w)
+    # sizes of 1 may carry any stride; only the others must match
+    return all(size == 1 or stride == want for size, stride, want in zip((n, h, w, q), strides, expected))
+
+
+def _as_nchw(feat):
+    """The contiguous [N, Q, H, W] tensor behind a channels-first [N, H, W, Q] view."""
+    if isinstance(feat, np.ndarray):
+        return np.ascontiguousarray(feat.transpose(0, 3, 1, 2))  # a view already: no copy
+    return feat.permute(0, 3, 1, 2).contiguous()
 
 
 OP = BorderAlignForward()

@@ -23,7 +23,7 @@ from tvm.script import tirx as T
 
 from ..border_align_sampling import sample_xy
 
-KERNELS = ("border", "border_tail")
+KERNELS = ("border", "border_tail", "to_nhwc")
 
 
 def _channel_loops(part: str, C, V: int):
@@ -121,3 +121,22 @@ def forward_compute(dtype: str, part: str = "all", lanes: int = 1):
                 out[vn, vk, vs, vc] = T.Cast(dtype, best[vn, vk, vs, vc])
 
     return border
+
+
+def to_nhwc_compute(dtype: str):
+    """input [N, Q, H, W] (mmcv's NCHW) -> [N, H, W, Q]: the layout the border kernels read
+    (their channel vectors are contiguous there), for callers whose input is channels-first."""
+    EL = np.dtype(dtype).itemsize
+
+    @T.prim_func(s_tir=True)
+    def to_nhwc(src_h: T.handle, dst_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        N, Q, H, W = T.int32(), T.int32(), T.int32(), T.int32()
+        src = T.match_buffer(src_h, (N, Q, H, W), dtype, align=EL)
+        dst = T.match_buffer(dst_h, (N, H, W, Q), dtype, align=EL)
+        for n, y, x, q in T.grid(N, H, W, Q):
+            with T.sblock("to_nhwc"):
+                vn, vy, vx, vq = T.axis.remap("SSSS", [n, y, x, q])
+                dst[vn, vy, vx, vq] = src[vn, vq, vy, vx]
+
+    return to_nhwc
