@@ -131,3 +131,15 @@ def test_schedule_file_names_its_onchip_budget(tmp_path):
     path.write_text(SCHEDULE.replace("  reduction: atomic", "  reduction: atomic\n  onchip: shared"))
     parsed = schedule_file.parse(path, "demo_op")
     assert (parsed["llvm"].onchip, parsed["cuda"].onchip) == ("none", "shared")
+
+
+WITH_POOL = GOOD.replace("outputs:", "params:\n  pool_size: {min: 1}\noutputs:").replace(
+    'theory: {io_bytes: "B*N*itemsize*2"}', 'theory: {io_bytes: "B*N*itemsize*2", ops: "B*N*(pool_size + 1)"}')
+
+
+def test_ops_formula_may_name_integer_parameters_and_io_may_not(tmp_path):
+    s = spec.parse(write(tmp_path, WITH_POOL))
+    assert s.theory({"B": 2, "N": 3}, 4, {"pool_size": 9}) == (48, 60)
+    assert s.theory({"B": 2, "N": 3}, 4) == (48, None)  # ops without the call's parameters: unknown
+    with pytest.raises(SpecError, match="io_bytes"):
+        spec.parse(write(tmp_path, WITH_POOL.replace('io_bytes: "B*N*itemsize*2"', 'io_bytes: "B*N*pool_size"')))

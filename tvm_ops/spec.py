@@ -95,10 +95,13 @@ class OpSpec:
 
     def theory(self, shape: dict, itemsize: int, params: dict | None = None) -> tuple[float, float | None]:
         """(io bytes, ops) of the formulas for one shape (and the call's parameters)."""
-        # integer parameters (pool_size...) may appear in the formulas; bench passes them
-        env = {name: value for name, value in (params or {}).items() if type(value) is int}
-        env.update(shape, itemsize=itemsize)
-        ops = evaluate(self.theory_ops, env) if self.theory_ops else None
+        env = dict(shape, itemsize=itemsize)
+        # ops may name integer parameters (pool_size...): None when the call's are not given
+        ops_env = {name: value for name, value in (params or {}).items() if type(value) is int} | env
+        try:
+            ops = evaluate(self.theory_ops, ops_env) if self.theory_ops else None
+        except KeyError:
+            ops = None
         io = self.theory_io
         for name, table in self.theory_io_by.items():
             io = table.get(str((params or {}).get(name)), io)
@@ -259,14 +262,15 @@ def parse(path: Path) -> OpSpec:
             if value not in param.choices:
                 theory.fail(f"io_bytes_by.{name}", f"{value!r} is not one of {', '.join(param.choices)}")
         io_by[name] = {str(v): str(f) for v, f in table.items()}
-    probe = {p.name: 3 for p in params if p.type == "int"} | {s: 3 for s in symbols} | {"itemsize": 4}
+    probe = {s: 3 for s in symbols} | {"itemsize": 4}
     formulas = [("io_bytes", theory_io), ("ops", theory_ops)]
     formulas += [(f"io_bytes_by.{n}.{v}", f) for n, table in io_by.items() for v, f in table.items()]
     for key, formula in formulas:
         if formula is None:
             continue
         try:
-            evaluate(formula, probe)
+            # only ops may name integer parameters: io sizes the shape alone
+            evaluate(formula, probe | ({p.name: 3 for p in params if p.type == "int"} if key == "ops" else {}))
         except (KeyError, ValueError, SyntaxError) as exc:
             theory.fail(key, f"bad formula {formula!r}: {exc}")
     float_dtypes = tuple(d for d in inputs[0].dtypes if d.startswith("float"))
