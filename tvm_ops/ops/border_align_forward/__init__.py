@@ -11,7 +11,8 @@ seed's NHWC): input [N, H, W, 4C], boxes [N, K, 4] (x0, y0, x1, y1), output and 
 compares in float32 and rounds the max once. Contract: specs/border_align_forward.yaml.
 
 Kernels (a TensorIR compute scheduled per target in schedule.py; every dimension and
-pool_size symbolic): `border` and, on the CPU, `border_tail` for the C % vector channels.
+pool_size symbolic): `border` and, on the CPU, `border_tail` (the last vector of channels
+again when C % vector != 0: same bits) and `border_small` (C < vector, scalar).
   CPU: owner computes, a box per parallel task; its samples' cells and weights once, then
       per (border, channel vector) the max over the samples in registers.
   CUDA: a thread per (n, k, border, channel), as mmcv.
@@ -77,9 +78,10 @@ class BorderAlignForward(Operator):
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
             v = int(plan["vector"])
-            borders = {"border": forward_compute(dtype, "main", v), "border_tail": forward_compute(dtype, "tail", v)}
+            borders = {f"border{suffix}": forward_compute(dtype, part, v)
+                       for suffix, part in (("", "main"), ("_tail", "tail"), ("_small", "small"))}
         else:
-            borders = {name: forward_compute(dtype) for name in ("border", "border_tail")}
+            borders = {name: forward_compute(dtype) for name in ("border", "border_tail", "border_small")}
         return {**borders, "to_nhwc": to_nhwc_compute(dtype)}
 
     def launch(self, kernels, problem, tensors):
@@ -93,10 +95,12 @@ class BorderAlignForward(Operator):
             kernels["border"](*args)
             return
         v = int(kernels.plan["vector"])
-        if c >= v:
-            kernels["border"](*args)
+        if c < v:
+            kernels["border_small"](*args)
+            return
+        kernels["border"](*args)
         if c % v:
-            kernels["border_tail"](*args)
+            kernels["border_tail"](*args)  # the last v channels again, as one vector
 
 
 def _channels_first(info) -> bool:

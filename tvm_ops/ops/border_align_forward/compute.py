@@ -9,10 +9,10 @@
                                 mmcv's rule, NaN included), in float32
     output[n, k, s, c]          best rounded to the input dtype
 
-Channels (`part`): "all" loops c over [0, C) (CUDA); "main" over the C // V * V channels of
-whole V-lane vectors and "tail" over the rest (CPU: a split with a symbolic extent keeps a
-predicate, and a predicated vector loop becomes scalar code, so the two parts are two
-kernels, each without one).
+Channels (`part`): "all" loops c over [0, C) (CUDA); on the CPU "main" covers the
+C // V * V channels of whole V-lane vectors, "tail" the last V channels and "small" a C
+below V (a split with a symbolic extent keeps a predicate, and a predicated vector loop
+becomes scalar code, so the parts are kernels without one where they can be).
 """
 
 from __future__ import annotations
@@ -23,19 +23,22 @@ from tvm.script import tirx as T
 
 from ..border_align_sampling import sample_xy
 
-KERNELS = ("border", "border_tail", "to_nhwc")
+KERNELS = ("border", "border_tail", "border_small", "to_nhwc")
 
 
 def _channel_loops(part: str, C, V: int):
     """(the two channel loops' extents, the channel of loop values (co, ci), whether (co, ci)
-    is one) of a part. The tail loops over V with a predicate rather than over a symbolic
-    C % V: its per-border registers then have a constant size (a symbolic one would be a
-    heap workspace per border)."""
+    is one) of a part. "tail" is the last V channels as one vector (C >= V): it recomputes
+    channels "main" already wrote, with the same arithmetic per lane, so the same bits;
+    "small" (C < V) loops over V with a predicate: scalar code, but registers of a constant
+    size (a symbolic C % V would make them a heap workspace per border)."""
     if part == "all":
         return (1, C), lambda co, ci: ci, lambda co, ci: True
     if part == "main":
         return (C // V, V), lambda co, ci: co * V + ci, lambda co, ci: True
-    return (1, V), lambda co, ci: C // V * V + ci, lambda co, ci: ci < C % V
+    if part == "tail":
+        return (1, V), lambda co, ci: C - V + ci, lambda co, ci: True
+    return (1, V), lambda co, ci: ci, lambda co, ci: ci < C
 
 
 def forward_compute(dtype: str, part: str = "all", lanes: int = 1):

@@ -1,8 +1,9 @@
 """Schedule recipes for border_align_forward (knobs: schedules/border_align_forward.yaml).
 
 Kernels: `border` (channels in whole vectors on the CPU, all channels on CUDA),
-`border_tail` (the C % vector channels on the CPU; on CUDA the same kernel as `border`,
-never launched) and `to_nhwc` (a channels-first input to the layout the others read)."""
+`border_tail` (the last vector of channels when C % vector != 0) and `border_small`
+(C < vector, scalar) on the CPU (on CUDA both are `border`, never launched), and `to_nhwc`
+(a channels-first input to the layout the others read)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def llvm(sch, kernel, model, plan):
     argmax = sch.cache_write(block, 1, "global")  # [vector] int32 per (border, vector): registers
     sch.reverse_compute_at(argmax, co)
     sch.reverse_compute_at(sch.get_sblock("output"), co)
-    if kernel == "border":
+    if kernel != "border_small":  # whole vectors; border_small keeps a predicate: scalar
         sch.vectorize(ci)
         sch.vectorize(sch.get_loops(argmax)[-1])
         sch.vectorize(sch.get_loops(sch.get_sblock("output"))[-1])
