@@ -12,16 +12,23 @@ def make_inputs(case, dtype, rng):
     points get z = Z or z = -1 (out of range)."""
     s = case.shape
     B, N, C, X, Y, Z = (s[k] for k in ("B", "N", "C", "X", "Y", "Z"))
-    spill = case.extra.get("spill", 0)
+    geom = random_geom(rng, B, N, X, Y, Z, case.extra.get("spill", 0), case.extra.get("z_out", 0.0))
+    feat = rng.uniform(-1, 1, (B, N, C)).astype(dtype)
+    return ({"geom_xyz": geom, "input_features": feat},
+            {"num_voxel_x": X, "num_voxel_y": Y, "num_voxel_z": Z})
+
+
+def random_geom(rng, B: int, N: int, X: int, Y: int, Z: int, spill: int, z_out: float) -> np.ndarray:
+    """geom_xyz [B, N, 3] int32: x and y uniform over the grid and `spill` voxels past each
+    edge, z in range except for a `z_out` fraction at z = Z or z = -1. (voxel_pooling_backward
+    makes its pos_memo from it.)"""
     geom = np.empty((B, N, 3), np.int32)
     geom[..., 0] = rng.integers(-spill, X + spill, (B, N))
     geom[..., 1] = rng.integers(-spill, Y + spill, (B, N))
     geom[..., 2] = rng.integers(0, max(Z, 1), (B, N))
-    z_out = rng.random((B, N)) < case.extra.get("z_out", 0.0)
-    geom[..., 2][z_out] = np.where(rng.random(int(z_out.sum())) < 0.5, Z, -1)
-    feat = rng.uniform(-1, 1, (B, N, C)).astype(dtype)
-    return ({"geom_xyz": geom, "input_features": feat},
-            {"num_voxel_x": X, "num_voxel_y": Y, "num_voxel_z": Z})
+    out = rng.random((B, N)) < z_out
+    geom[..., 2][out] = np.where(rng.random(int(out.sum())) < 0.5, Z, -1)
+    return geom
 
 
 def reference(inputs, params):
@@ -32,8 +39,7 @@ def reference(inputs, params):
     B, N, C = feat.shape
     kept = _kept(geom, X, Y, Z)
     b = np.broadcast_to(np.arange(B)[:, None], (B, N))
-    memo = np.full((B, N, 3), -1, np.int64)
-    memo[kept] = np.stack([b[kept], geom[..., 1][kept], geom[..., 0][kept]], -1)
+    memo = pos_memo_rule(geom, X, Y, Z)
     voxel = ((b * Y + geom[..., 1]) * X + geom[..., 0])[kept]
     rows = feat[kept].astype(np.float64)
     out = np.zeros((B * Y * X, C))
@@ -74,6 +80,17 @@ def torch_peer(inputs, params, scatter: str = "index_put_"):
         return out.view(B, Y, X, C), memo
 
     return run
+
+
+def pos_memo_rule(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
+    """pos_memo [B, N, 3] int64 by the math: (b, y, x) for a kept point, (-1, -1, -1) else."""
+    geom = np.asarray(geom).astype(np.int64)
+    B, N, _ = geom.shape
+    kept = _kept(geom, X, Y, Z)
+    b = np.broadcast_to(np.arange(B)[:, None], (B, N))
+    memo = np.full((B, N, 3), -1, np.int64)
+    memo[kept] = np.stack([b[kept], geom[..., 1][kept], geom[..., 0][kept]], -1)
+    return memo
 
 
 def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
