@@ -1,0 +1,62 @@
+"""voxel_pooling_backward (BEVDepth voxel_pooling_train's backward).
+
+With (b', y, x) = pos_memo[b, n] (voxel_pooling_forward's: (b, y, x) for a kept point,
+(-1, -1, -1) for a dropped one), a point is kept iff b' == b, 0 <= y < Y and 0 <= x < X:
+    grad_input_features[b, n, :] = grad_output[b, y, x, :] if kept else 0
+Contract: specs/voxel_pooling_backward.yaml.
+
+One kernel, `gather`: a gather, not a scatter. Each point owns its output row and writes it
+once (no zero-fill, no atomics, the same bits on every run, thread count and target). Any
+int32 in pos_memo is accepted: a row that is not kept reads grad_output[b, 0, 0] (in bounds,
+as Y, X >= 1 is checked) and stores zeros.
+
+- llvm: points are the parallel axis (the thread pool cuts (b, n) into contiguous runs, so
+  each thread streams one stretch of the output); per point pos_memo is read once and the
+  row copied in channel vectors of V (main) plus the C % V tail.
+- cuda: one thread per (point, channel), channels fastest (coalesced row reads and writes).
+"""
+
+from __future__ import annotations
+
+from ... import policy
+from ..base import Operator
+from . import compute, schedule
+
+
+class VoxelPoolingBackward(Operator):
+    name = "voxel_pooling_backward"
+    kernel_names = ("gather",)
+    recipe = schedule
+
+    def plan(self, model, knobs):
+        """The seed's split of points over the cores, with nothing staged on chip: the plan is
+        the channel step and the points of a task.
+
+        V: a cache line of float32 words (whole SIMD registers: 1 on AVX-512, 2 on AVX2, 4 on
+        NEON), so that a streamed vector store covers its line; a warp on CUDA."""
+        pol = policy.for_target(model)
+        if model.kind == "cuda":
+            return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"])}
+        registers = max(1, compute.LINE_WORDS // pol.lanes)
+        return {"vec": pol.vector(registers), "task_points": int(knobs["task_points"]), "stream": bool(knobs["stream"])}
+
+    def computes(self, dtype, plan, model):
+        return compute.computes(dtype, plan, model.kind)
+
+    def launch(self, kernels, problem, tensors):
+        kernels["gather"](tensors["grad_output"], tensors["pos_memo"], tensors["grad_input_features"])
+
+
+OP = VoxelPoolingBackward()
+
+
+def voxel_pooling_backward(grad_output, pos_memo, *, target="llvm", out=None):
+    """Gradient of voxel pooling: grad_input_features [B, N, C] from grad_output [B, Y, X, C].
+
+    grad_output is float32 (the gradient of voxel_pooling_forward's output_features);
+    pos_memo [B, N, 3] int32 is the forward's: point n of batch b takes the row
+    grad_output[b, y, x] when pos_memo[b, n] = (b, y, x) lies in the grid, else zeros (any
+    int32 value is safe). numpy in -> numpy out; torch in -> torch out; `out=` writes into a
+    caller buffer of shape [B, N, C].
+    """
+    return OP.call({"grad_output": grad_output, "pos_memo": pos_memo}, {}, target, {"grad_input_features": out})

@@ -1,0 +1,128 @@
+"""TensorIR of voxel_pooling_backward's kernel `gather` (the operator's docstring says what
+it computes), one compute per target kind, scheduled by schedule.py.
+
+Both test a point's pos_memo row before they read grad_output: a point not kept reads
+nothing and stores zeros, so no int32 in pos_memo reaches outside grad_output.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+from .. import cpu_ir
+from ...host_buffers import LINE_BYTES
+
+CUDA_VEC = 32  # CUDA: the channels of a warp (the plan's channel unit)
+LINE_WORDS = LINE_BYTES // 4  # float32 words of a cache line
+
+
+def streams(V: int, stream: bool) -> bool:
+    """Whether the CPU kernel has the streaming path: asked for, and V-word vectors are whole
+    cache lines (a streamed store must cover its line)."""
+    return stream and V % LINE_WORDS == 0
+
+
+def llvm_ir(features, V: int, stream: bool) -> str:
+    """The kernel's LLVM IR functions (cpu_ir.stream_ir), "" without the streaming path."""
+    return cpu_ir.stream_ir(features, V, "float32") if streams(V, stream) else ""
+
+
+def _gather_cpu(dtype: str, V: int, K: int, stream: bool):
+    """Task t = points [t * K, (t + 1) * K) of the flattened (b, n), in order. Per point:
+    pos_memo read once, then channels [0, C // V * V) as V-wide vectors (block `copy`,
+    vectorised by the schedule) and the C % V tail (the V split is in the compute:
+    TVM 0.27 scalarises a predicated split of a symbolic loop). With `stream`, when the
+    output rows are whole cache lines (grad_input_features on a line, C % 16 == 0), the
+    vectors are stored past the caches instead (no read for ownership of the 300 MB being
+    written), and the task ends with the fence those weakly ordered stores need."""
+    zero = tvm.tirx.const(0, dtype)
+    streamed_path = streams(V, stream)
+    stream_fn = f"tvm_ops_stream_x{V}_{dtype}"
+
+    @T.prim_func(s_tir=True)
+    def gather(grad_h: T.handle, memo_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, Y, X, C, N = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        grad = T.match_buffer(grad_h, (B, Y, X, C), dtype)
+        memo = T.match_buffer(memo_h, (B, N, 3), "int32")
+        out = T.match_buffer(out_h, (B, N, C), dtype)
+        for t in range((B * N + K - 1) // K):
+            with T.sblock("task"):
+                vt = T.axis.spatial((B * N + K - 1) // K, t)
+                T.reads(memo[0:B, 0:N, 0:3], grad[0:B, 0:Y, 0:X, 0:C])
+                T.writes(out[0:B, 0:N, 0:C])
+                lined: T.let[T.bool] = T.bool(streamed_path) and C % LINE_WORDS == 0 and T.call_extern(
+                    "int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0])) != 0
+                for j in range(T.min(K, B * N - vt * K)):
+                    vb: T.let[T.int32] = (vt * K + j) // N
+                    vn: T.let[T.int32] = (vt * K + j) % N
+                    # pos_memo read once per point
+                    y: T.let[T.int32] = memo[vb, vn, 1]
+                    x: T.let[T.int32] = memo[vb, vn, 2]
+                    # a branch, not a select: TIR evaluates both arms of a Select, and the
+                    # simplifier may rewrite a clamped index in the taken arm to the raw one
+                    if memo[vb, vn, 0] == vb and y >= 0 and y < Y and x >= 0 and x < X:
+                        if lined:
+                            for c0 in range(C // V):
+                                T.evaluate(T.call_extern("void", stream_fn, T.address_of(out[vb, vn, c0 * V]),
+                                                         grad[vb, y, x, T.Ramp(c0 * V, 1, V)]))
+                        else:
+                            for c0, c1 in T.grid(C // V, V):
+                                with T.sblock("copy"):
+                                    vc0, vc1 = T.axis.remap("SS", [c0, c1])
+                                    T.reads(grad[vb, y, x, vc0 * V + vc1])
+                                    T.writes(out[vb, vn, vc0 * V + vc1])
+                                    out[vb, vn, vc0 * V + vc1] = grad[vb, y, x, vc0 * V + vc1]
+                        for ct in range(C % V):
+                            out[vb, vn, C // V * V + ct] = grad[vb, y, x, C // V * V + ct]
+                    else:
+                        if lined:
+                            for c0 in range(C // V):
+                                T.evaluate(T.call_extern("void", stream_fn, T.address_of(out[vb, vn, c0 * V]),
+                                                         T.Broadcast(zero, V)))
+                        else:
+                            # (a second vectorised block would make `task` one of two writers of
+                            # out, which `parallel` refuses: this loop is vectorised here)
+                            for c0 in range(C // V):
+                                for c1 in T.vectorized(V):
+                                    out[vb, vn, c0 * V + c1] = zero
+                        for ct in range(C % V):
+                            out[vb, vn, C // V * V + ct] = zero
+                if lined:
+                    T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
+    return gather
+
+
+def _gather_cuda(dtype: str):
+    """One element (b, n, c) per thread; the schedule puts channels fastest, so a warp reads
+    a contiguous grad_output row and writes a contiguous output row (pos_memo: the same three
+    words for the warp, one transaction)."""
+    zero = tvm.tirx.const(0, dtype)
+
+    @T.prim_func(s_tir=True)
+    def gather(grad_h: T.handle, memo_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, Y, X, C, N = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        grad = T.match_buffer(grad_h, (B, Y, X, C), dtype)
+        memo = T.match_buffer(memo_h, (B, N, 3), "int32")
+        out = T.match_buffer(out_h, (B, N, C), dtype)
+        for b, n, c in T.grid(B, N, C):
+            with T.sblock("gather"):
+                vb, vn, vc = T.axis.remap("SSS", [b, n, c])
+                T.reads(memo[vb, vn, 0:3], grad[vb, 0:Y, 0:X, vc])
+                T.writes(out[vb, vn, vc])
+                y: T.let[T.int32] = memo[vb, vn, 1]
+                x: T.let[T.int32] = memo[vb, vn, 2]
+                if memo[vb, vn, 0] == vb and y >= 0 and y < Y and x >= 0 and x < X:  # a branch: see above
+                    out[vb, vn, vc] = grad[vb, y, x, vc]
+                else:
+                    out[vb, vn, vc] = zero
+    return gather
+
+
+def computes(dtype: str, plan: dict, kind: str) -> dict:
+    """{kernel name: PrimFunc} for one dtype, plan and target kind."""
+    if kind == "cuda":
+        return {"gather": _gather_cuda(dtype)}
+    return {"gather": _gather_cpu(dtype, plan["vec"], plan["task_points"], plan["stream"])}

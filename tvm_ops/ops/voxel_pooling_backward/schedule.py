@@ -1,0 +1,25 @@
+"""Schedule recipes for voxel_pooling_backward (knobs: schedules/voxel_pooling_backward.yaml)."""
+
+from ..voxel_pooling_forward.schedule import _vectorize_channels
+from .compute import llvm_ir
+
+
+def llvm(sch, kernel, model, plan):
+    # owner = a task of consecutive points: the thread pool gives each thread a contiguous
+    # run of tasks, so each thread writes one contiguous stretch of grad_input_features
+    (t,) = sch.get_loops(sch.get_sblock("task"))
+    sch.parallel(t)
+    ir = llvm_ir(model.features(), plan["vec"], plan["stream"])
+    if ir:
+        sch.annotate(t, "pragma_import_llvm", ir)
+    _vectorize_channels(sch, sch.get_loops(sch.get_sblock("copy"))[-1], model, plan)
+
+
+def cuda(sch, kernel, model, plan):
+    # batch on blockIdx.y; (point, channel) fused, channels fastest, split by a CONSTANT thread
+    # count (its predicate guards the end), as voxel_pooling_forward's pool
+    b, n, c = sch.get_loops(sch.get_sblock("gather"))
+    bx, tx = sch.split(sch.fuse(n, c), [None, plan["threads"]])
+    sch.bind(b, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")

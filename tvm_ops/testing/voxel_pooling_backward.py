@@ -1,0 +1,95 @@
+"""voxel_pooling_backward: inputs, float64 reference and PyTorch peers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import peer_tensor
+from .voxel_pooling_forward import pos_memo_rule, random_geom
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def make_inputs(case, dtype, rng):
+    """pos_memo as voxel_pooling_forward writes it, from random geometry (the forward's
+    generator: `spill` voxels past the x/y edges, a `z_out` fraction out of z range, Z =
+    extra.z), then a `garbage` fraction of its rows replaced by arbitrary int32 triples;
+    grad_output uniform in [-1, 1)."""
+    s = case.shape
+    B, N, C, Y, X = (s[k] for k in ("B", "N", "C", "Y", "X"))
+    Z = case.extra.get("z", 1)
+    # (an empty grid, a BAD_PARAM case, draws coordinates as for one voxel: all are dropped)
+    geom = random_geom(rng, B, N, max(X, 1), max(Y, 1), Z, case.extra.get("spill", 0), case.extra.get("z_out", 0.0))
+    memo = pos_memo_rule(geom, X, Y, Z).astype(np.int32)
+    garbage = rng.random((B, N)) < case.extra.get("garbage", 0.0)
+    memo[garbage] = garbage_rows(rng, int(garbage.sum()), B, Y, X)
+    grad = rng.uniform(-1, 1, (B, Y, X, C)).astype(dtype)
+    return {"grad_output": grad, "pos_memo": memo}, {}
+
+
+def garbage_rows(rng, count: int, B: int, Y: int, X: int) -> np.ndarray:
+    """count rows of int32 triples no forward writes but a caller might pass: each entry
+    drawn from the int32 extremes, -1, the first value past each edge (B, Y, X), values in
+    range (so that some rows name another batch with a valid (y, x), or a valid batch with
+    one coordinate just outside) and uniform int32."""
+    rows = np.empty((count, 3), np.int64)
+    for k, size in enumerate((B, Y, X)):
+        picks = np.array([INT32_MIN, INT32_MIN + 1, -2, -1, size, size + 1, 2**30, INT32_MAX], np.int64)
+        kind = rng.integers(0, 3, count)  # 0: a special value, 1: in range, 2: any int32
+        rows[:, k] = np.where(kind == 0, rng.choice(picks, count),
+                              np.where(kind == 1, rng.integers(0, size, count),
+                                       rng.integers(INT32_MIN, INT32_MAX, count, endpoint=True)))
+    return rows.astype(np.int32)
+
+
+def reference(inputs, params):
+    """float64, from the math in docs/semantics.md: a point whose pos_memo names its own
+    batch and a voxel of the grid takes that voxel's grad_output row, every other point 0."""
+    grad = np.asarray(inputs["grad_output"]).astype(np.float64)
+    memo = np.asarray(inputs["pos_memo"]).astype(np.int64)
+    B, Y, X, C = grad.shape
+    N = memo.shape[1]
+    b = np.broadcast_to(np.arange(B)[:, None], (B, N))
+    mb, y, x = memo[..., 0], memo[..., 1], memo[..., 2]
+    kept = (mb == b) & (y >= 0) & (y < Y) & (x >= 0) & (x < X)
+    out = np.zeros((B, N, C))
+    out[kept] = grad[b[kept], y[kept], x[kept]]
+    return {"grad_input_features": out}
+
+
+def peers(inputs, params):
+    """The PyTorch formulations the bench times (its ratio is against the fastest): BEVDepth's
+    own backward (boolean mask, advanced indexing of the kept points into a zeroed tensor),
+    index_select of rows by a linear voxel index, and torch.gather along the voxel axis; the
+    last two gather a clamped (always valid) index for every point and zero the dropped
+    ones with masked_fill_."""
+    return {name: torch_peer(inputs, name) for name in ("masked_index", "index_select", "gather")}
+
+
+def torch_peer(inputs, formulation: str):
+    import torch
+
+    grad = peer_tensor(inputs["grad_output"])
+    memo = peer_tensor(inputs["pos_memo"])
+    B, Y, X, C = grad.shape
+    N = memo.shape[1]
+
+    def run():
+        mb, y, x = memo[..., 0], memo[..., 1], memo[..., 2]
+        b = torch.arange(B, dtype=memo.dtype).view(B, 1)
+        kept = (mb == b) & (y >= 0) & (y < Y) & (x >= 0) & (x < X)
+        if formulation == "masked_index":
+            out = grad.new_zeros(B, N, C)
+            bk = b.expand(B, N)[kept].long()
+            out[kept] = grad[bk, y[kept].long(), x[kept].long()]
+            return out
+        # the voxel row of each point within its batch, 0 for points not kept
+        voxel = torch.where(kept, y.long() * X + x.long(), 0)
+        if formulation == "index_select":
+            rows = voxel + torch.arange(B).view(B, 1) * (Y * X)
+            out = grad.view(B * Y * X, C).index_select(0, rows.view(-1)).view(B, N, C)
+        else:
+            out = torch.gather(grad.view(B, Y * X, C), 1, voxel.unsqueeze(-1).expand(B, N, C))
+        return out.masked_fill_(~kept.unsqueeze(-1), 0)
+
+    return run
