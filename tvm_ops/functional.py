@@ -18,7 +18,8 @@ from torch import Tensor
 from . import interop
 from .errors import BadParamError
 
-__all__ = ["BorderAlign", "MultiScaleDeformableAttnFunction", "border_align", "ms_deform_attn"]
+__all__ = ["BorderAlign", "MultiScaleDeformableAttnFunction", "border_align", "ms_deform_attn", "voxel_pooling",
+           "voxel_pooling_train"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -208,3 +209,100 @@ class BorderAlign(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"pool_size={self.pool_size}"
+
+
+# --- BEV voxel pooling (BEVDepth) -----------------------------------------------------------
+
+
+@torch.library.custom_op("tvm_ops::voxel_pooling_forward", mutates_args=())
+def _voxel_forward(geom_xyz: Tensor, input_features: Tensor, num_voxel_x: int, num_voxel_y: int,
+                   num_voxel_z: int) -> tuple[Tensor, Tensor]:
+    from .ops.voxel_pooling_forward import voxel_pooling_forward
+
+    return voxel_pooling_forward(geom_xyz.detach(), _kernel_input(input_features), num_voxel_x, num_voxel_y,
+                                 num_voxel_z, target=_target(input_features))
+
+
+@_voxel_forward.register_fake
+def _voxel_forward_shape(geom_xyz, input_features, num_voxel_x, num_voxel_y, num_voxel_z):
+    batch, points, channels = input_features.shape
+    return (input_features.new_empty((batch, num_voxel_y, num_voxel_x, channels)),
+            geom_xyz.new_empty((batch, points, 3)))
+
+
+@torch.library.custom_op("tvm_ops::voxel_pooling_backward", mutates_args=())
+def _voxel_backward(grad_output: Tensor, pos_memo: Tensor) -> Tensor:
+    from .ops.voxel_pooling_backward import voxel_pooling_backward
+
+    return voxel_pooling_backward(_kernel_input(grad_output), pos_memo.detach(), target=_target(grad_output))
+
+
+@_voxel_backward.register_fake
+def _voxel_backward_shape(grad_output, pos_memo):
+    batch, points, _ = pos_memo.shape
+    return grad_output.new_empty((batch, points, grad_output.shape[3]))
+
+
+def _voxel_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])  # pos_memo: all the backward reads besides the gradient
+
+
+def _voxel_grad(ctx, grad_output, _grad_pos_memo):
+    (pos_memo,) = ctx.saved_tensors
+    # the gradient of the [B, C, Y, X] permuted view comes back as a strided [B, Y, X, C]:
+    # one transposing copy (B*Y*X*C words), then the gather reads whole rows
+    return None, _voxel_backward(grad_output.contiguous(), pos_memo), None, None, None
+
+
+_voxel_forward.register_autograd(_voxel_grad, setup_context=_voxel_setup_context)
+
+
+def voxel_pooling(geom_xyz: Tensor, input_features: Tensor, voxel_num) -> Tensor:
+    """BEV voxel pooling, BEVDepth's `voxel_pooling_train` contract: geom_xyz [B, ..., 3]
+    integer voxel coordinates (x, y, z) and input_features [B, ..., C] float32 with the same
+    middle dims (cameras, depth bins, rows, columns: flattened to N points); voxel_num =
+    (X, Y, Z), a sequence of ints or an integer tensor -> [B, C, Y, X], the sum of the
+    features of the points in each voxel (a point outside the grid is dropped).
+
+    Returns, as BEVDepth does, a permuted view of a contiguous [B, Y, X, C] tensor.
+    Differentiable in input_features (the backward is tvm_ops.voxel_pooling_backward over
+    the pos_memo the forward saved); no gradient for geom_xyz. geom_xyz may be int32 (what
+    BEVDepth passes, after .int()) or int64 (values outside int32 are outside the grid, so
+    they are clamped to -1 or INT32_MAX on the device before the conversion: the same points
+    are dropped). A voxel_num tensor is read on the host: once per tensor and version for a
+    CUDA tensor (interop.host_values), the one host synchronisation of these functions;
+    torch.compile needs Python ints there. Rules and checks: tvm_ops.voxel_pooling_forward."""
+    num_x, num_y, num_z = _voxel_num(voxel_num)
+    if geom_xyz.dim() < 2 or geom_xyz.shape[-1] != 3 or input_features.dim() != geom_xyz.dim() or \
+            geom_xyz.shape[:-1] != input_features.shape[:-1]:
+        raise BadParamError(f"voxel_pooling: geom_xyz [B, ..., 3] and input_features [B, ..., C] must share their "
+                            f"leading dims, got {list(geom_xyz.shape)} and {list(input_features.shape)}")
+    if geom_xyz.dtype == torch.int64:
+        geom_xyz = geom_xyz.clamp(-1, INT32_MAX).to(torch.int32)
+    batch, channels = input_features.shape[0], input_features.shape[-1]
+    out, _ = _voxel_forward(geom_xyz.reshape(batch, -1, 3), input_features.reshape(batch, -1, channels),
+                            num_x, num_y, num_z)
+    return out.permute(0, 3, 1, 2)
+
+
+voxel_pooling_train = voxel_pooling  # BEVDepth's name (bevdepth.ops.voxel_pooling_train)
+
+
+def _voxel_num(voxel_num) -> tuple[int, int, int]:
+    if isinstance(voxel_num, Tensor):
+        if voxel_num.dtype.is_floating_point or voxel_num.dtype == torch.bool or voxel_num.numel() != 3:
+            raise BadParamError(f"voxel_pooling: voxel_num must be 3 integers (X, Y, Z), got a {voxel_num.dtype} "
+                                f"tensor of shape {list(voxel_num.shape)}")
+        return interop.host_values(voxel_num, _three_ints)
+    values = list(voxel_num)
+    if len(values) != 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                    for v in values):
+        raise BadParamError(f"voxel_pooling: voxel_num must be 3 integers (X, Y, Z), got {voxel_num!r}")
+    return tuple(int(v) for v in values)
+
+
+def _three_ints(values: np.ndarray) -> tuple[int, int, int]:
+    """The three values of a host copy of voxel_num (module level: host_values keys its cache
+    by the converter)."""
+    return tuple(int(v) for v in values.reshape(-1))
