@@ -102,12 +102,13 @@ def test_a_failure_exits_non_zero_with_one_line(args):
 
 
 @requires_torch
-def test_bench_functions_times_forward_and_training_step_against_pytorch():
-    done = cli("bench", "--functions", "--case", "net_detr_decoder_reduced", "--repeat", "1")
+@pytest.mark.parametrize("function, case", [("ms_deform_attn", "net_detr_decoder_reduced"),
+                                            ("voxel_pooling", "net_2x20000x80_128x128x1")])
+def test_bench_functions_times_forward_and_training_step_against_pytorch(function, case):
+    done = cli("bench", "--functions", "--case", case, "--repeat", "1")
     assert done.returncode == 0, done.stderr
-    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("ms_deform_attn ")]
-    assert [(fields[1], fields[2]) for fields in lines] == [("net_detr_decoder_reduced", "forward"),
-                                                           ("net_detr_decoder_reduced", "train")]
+    lines = [line.split() for line in done.stdout.splitlines() if line.split()[:1] == [function]]
+    assert [(fields[1], fields[2]) for fields in lines] == [(case, "forward"), (case, "train")]
     for fields in lines:
         ratio = " ".join(fields).rsplit("x", 1)[1]
         assert float(fields[3]) > 0 and float(ratio) > 0

@@ -145,4 +145,39 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
                           bandwidth, peak)
 
 
-FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases}
+def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
+    """FunctionLines of tvm_ops.functional.voxel_pooling vs BEVDepth's pooling in stock
+    PyTorch (index_add_ of the kept points' features, autograd's gather back)."""
+    import torch
+
+    from . import functional
+    from .testing.voxel_pooling_forward import voxel_pool_pytorch
+
+    forward, backward = get("voxel_pooling_forward"), get("voxel_pooling_backward")
+    device = "cuda" if model.kind == "cuda" else "cpu"
+    peak = peak_flops(model)
+    for case in forward.spec.cases_in("network"):
+        if case_name and case.name != case_name:
+            continue
+        _, params, t = _torch_inputs(forward, case, device)
+        voxel_num = [params[k] for k in ("num_voxel_x", "num_voxel_y", "num_voxel_z")]
+        geom = t["geom_xyz"]
+        leaves = [t["input_features"].clone().requires_grad_(True)]
+        grad = torch.randn(geom.shape[0], leaves[0].shape[2], voxel_num[1], voxel_num[0], device=device)
+
+        def ours(feat):
+            return functional.voxel_pooling(geom, feat, voxel_num)
+
+        def peer(feat):
+            return voxel_pool_pytorch(geom, feat, *voxel_num, "index_add_")[0].permute(0, 3, 1, 2)
+
+        # the backward's sizes: B, N, C of the points and the forward's grid (Y, X); no ops formulas
+        fwd = forward.spec.theory(case.shape, 4, params)
+        bwd = backward.spec.theory(case.shape, 4)
+        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], None)}
+        yield from _timed("voxel_pooling", case, ours, peer, "index_add_", leaves, grad, costs, repeat, device,
+                          bandwidth, peak)
+
+
+FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases,
+             "voxel_pooling": voxel_pooling_cases}

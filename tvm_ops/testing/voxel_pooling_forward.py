@@ -57,29 +57,32 @@ def peers(inputs, params):
 
 
 def torch_peer(inputs, params, scatter: str = "index_put_"):
-    """PyTorch eager from the same inputs: mask, linear voxel index, the kept points' features
-    summed with index_put_(accumulate=True) or index_add_, pos_memo."""
-    import torch
-
+    """PyTorch eager from the same inputs: voxel_pool_pytorch."""
     g = peer_tensor(inputs["geom_xyz"])
     f = peer_tensor(inputs["input_features"])
     X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
-    B, N, C = f.shape
+    return lambda: voxel_pool_pytorch(g, f, X, Y, Z, scatter)
 
-    def run():
-        x, y, z = g[..., 0], g[..., 1], g[..., 2]
-        kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
-        b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
-        voxel = (b.long() * Y + y.long()) * X + x.long()
-        out = torch.zeros(B * Y * X, C, dtype=f.dtype)
-        if scatter == "index_add_":
-            out.index_add_(0, voxel[kept], f[kept])
-        else:
-            out.index_put_((voxel[kept],), f[kept], accumulate=True)
-        memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y, x], -1), torch.full((), -1, dtype=torch.int32))
-        return out.view(B, Y, X, C), memo
 
-    return run
+def voxel_pool_pytorch(geom, feat, X: int, Y: int, Z: int, scatter: str = "index_put_"):
+    """(output_features [B, Y, X, C], pos_memo) of geom [B, N, 3] int and feat [B, N, C] in
+    PyTorch: mask, linear voxel index, the kept points' features summed with
+    index_put_(accumulate=True) or index_add_ (differentiable in feat: the bench's peer of
+    tvm_ops.functional.voxel_pooling)."""
+    import torch
+
+    B, N, C = feat.shape
+    x, y, z = geom[..., 0], geom[..., 1], geom[..., 2]
+    kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
+    b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
+    voxel = (b.long() * Y + y.long()) * X + x.long()
+    out = torch.zeros(B * Y * X, C, dtype=feat.dtype)
+    if scatter == "index_add_":
+        out.index_add_(0, voxel[kept], feat[kept])
+    else:
+        out.index_put_((voxel[kept],), feat[kept], accumulate=True)
+    memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y.int(), x.int()], -1), torch.full((), -1, dtype=torch.int32))
+    return out.view(B, Y, X, C), memo
 
 
 def pos_memo_rule(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
