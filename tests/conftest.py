@@ -38,3 +38,70 @@ def gpu_skip_reason():
 
 
 requires_torch = pytest.mark.skipif(not has_torch(), reason="PyTorch is not installed (pip install .[torch])")
+
+
+def use_knobs(monkeypatch, op, knobs: dict) -> None:
+    """Make `knobs` op's CPU defaults for this test: the library a call loads and the kernels
+    its launch runs both follow dispatch.default_variant (tuning records are kept out)."""
+    import dataclasses
+
+    from tvm_ops import dispatch, targets
+
+    llvm = op.schedules["llvm"]
+    patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, **knobs))
+    monkeypatch.setattr(op, "schedules", dict(op.schedules, llvm=patched))
+    monkeypatch.setenv("TVM_OPS_RECORDS", os.devnull)
+    chosen = dispatch.default_variant(op, "float32", targets.resolve("llvm")).knobs
+    assert {k: chosen[k] for k in knobs} == knobs
+    op.clear_call_cache()  # calls remembered under other knobs would run their kernels
+
+
+def assert_close(a, b, what=""):
+    """The tolerance of the torch functions' training comparisons."""
+    import torch
+
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
+
+
+def assert_trains_alike(ours, theirs, inputs: tuple, target, steps: int = 5, lr: float = 0.5) -> None:
+    """Train two models with the same weights `steps` SGD steps on mse(model(*inputs), target):
+    outputs, losses, every gradient (present, not all zero) and every parameter agree at each
+    step."""
+    import torch
+
+    optimisers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (ours, theirs)]
+    for step in range(steps):
+        results = []
+        for model, opt in zip((ours, theirs), optimisers):
+            opt.zero_grad()
+            out = model(*inputs)
+            loss = torch.nn.functional.mse_loss(out, target)
+            loss.backward()
+            results.append((out, loss))
+        assert_close(results[0][0], results[1][0], f"step {step} output")
+        assert_close(results[0][1], results[1][1], f"step {step} loss")
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+            assert_close(p.grad, q.grad, f"step {step} grad {name}")
+        for opt in optimisers:
+            opt.step()
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            assert_close(p, q, f"step {step} parameter {name}")
+
+
+def assert_compiles_alike(model, inputs: tuple) -> None:
+    """torch.compile(fullgraph=True: a graph break raises, backend aot_eager: the fake
+    implementations and the registered backward are traced) gives the eager output and
+    gradients of mean(model(*inputs) ** 2)."""
+    import torch
+
+    eager = model(*inputs)
+    eager.square().mean().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(*inputs)
+    out.square().mean().backward()
+    assert_close(out, eager, "output")
+    for p, g in zip(model.parameters(), eager_grads):
+        assert_close(p.grad, g, "gradient")

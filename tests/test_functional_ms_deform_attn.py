@@ -16,6 +16,8 @@ import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 from tvm_ops import interop  # noqa: E402
 
+from .conftest import assert_close, assert_compiles_alike, assert_trains_alike  # noqa: E402
+
 LEVELS = [[8, 10], [4, 5]]
 
 
@@ -79,33 +81,11 @@ def twin_layers(seed=1):
     return ours, theirs
 
 
-def assert_close(a, b, what=""):
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
-
-
 def test_layer_matches_the_pure_pytorch_core_and_trains_the_same():
     ours, theirs = twin_layers()
     inputs = layer_inputs()
     target = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(7))
-    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.5)
-    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.5)
-    for step in range(5):
-        losses = []
-        for layer, opt in ((ours, opt_ours), (theirs, opt_theirs)):
-            opt.zero_grad()
-            out = layer(*inputs)
-            loss = F.mse_loss(out, target)
-            loss.backward()
-            losses.append((out, loss))
-        assert_close(losses[0][0], losses[1][0], f"step {step} output")
-        assert_close(losses[0][1], losses[1][1], f"step {step} loss")
-        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            assert p.grad is not None and p.grad.abs().sum() > 0, name
-            assert_close(p.grad, q.grad, f"step {step} grad {name}")
-        opt_ours.step()
-        opt_theirs.step()
-        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            assert_close(p, q, f"step {step} parameter {name}")
+    assert_trains_alike(ours, theirs, inputs, target)
     # the training moved the parameters (the comparison above is not of untouched weights)
     assert not torch.equal(ours.sampling_offsets.weight, twin_layers()[0].sampling_offsets.weight)
 
@@ -150,18 +130,7 @@ def test_opcheck_passes_for_both_ops():
 
 
 def test_compiles_without_graph_breaks_and_gives_the_eager_numbers():
-    ours, _ = twin_layers()
-    inputs = layer_inputs()
-    eager = ours(*inputs)
-    eager.square().mean().backward()
-    eager_grads = [p.grad.clone() for p in ours.parameters()]
-    ours.zero_grad()
-    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
-    out = compiled(*inputs)
-    out.square().mean().backward()
-    assert_close(out, eager, "output")
-    for p, g in zip(ours.parameters(), eager_grads):
-        assert_close(p.grad, g, "gradient")
+    assert_compiles_alike(twin_layers()[0], layer_inputs())
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):

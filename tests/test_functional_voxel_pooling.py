@@ -12,6 +12,8 @@ F = torch.nn.functional
 import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 
+from .conftest import assert_compiles_alike, assert_trains_alike  # noqa: E402
+
 VOXELS = (12, 10, 4)  # X, Y, Z
 
 
@@ -128,10 +130,6 @@ def twin_models(seed=5):
     return ours, stock
 
 
-def assert_close(a, b, what=""):
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
-
-
 def test_lift_splat_pool_trains_like_the_stock_pooling():
     ours, stock = twin_models()
     batch = 2
@@ -141,44 +139,16 @@ def test_lift_splat_pool_trains_like_the_stock_pooling():
     kept = ((geom >= 0) & (geom < torch.tensor(VOXELS, dtype=torch.int32))).all(-1)
     assert 0.3 < kept.float().mean() < 1  # most of the frustum inside the grid, not all
     target = torch.randn(batch, 1, VOXELS[1], VOXELS[0], generator=g)
-    optimisers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, stock)]
-    for step in range(5):
-        results = []
-        for model, opt in zip((ours, stock), optimisers):
-            opt.zero_grad()
-            out = model(images, geom, VOXELS)
-            loss = F.mse_loss(out, target)
-            loss.backward()
-            results.append((out, loss))
-        assert_close(results[0][0], results[1][0], f"step {step} output")
-        assert_close(results[0][1], results[1][1], f"step {step} loss")
-        for (name, p), q in zip(ours.named_parameters(), stock.parameters()):
-            assert p.grad is not None and p.grad.abs().sum() > 0, name
-            assert_close(p.grad, q.grad, f"step {step} grad {name}")
-        for opt in optimisers:
-            opt.step()
-        for (name, p), q in zip(ours.named_parameters(), stock.parameters()):
-            assert_close(p, q, f"step {step} parameter {name}")
-    # the training moved every parameter (the comparison above is not of untouched weights),
-    # the depth network's too: its gradient came through the pooling's backward
+    assert_trains_alike(ours, stock, (images, geom, VOXELS), target)
+    # the training moved every parameter (the comparison is not of untouched weights), the
+    # depth network's too: its gradient came through the pooling's backward
     for p, p0 in zip(ours.parameters(), twin_models()[0].parameters()):
         assert not torch.equal(p, p0)
 
 
 def test_compiles_without_graph_breaks_and_gives_the_eager_numbers():
-    ours, _ = twin_models()
     images = torch.randn(2, C_IN, H, W, generator=torch.Generator().manual_seed(7))
-    geom = frustum_geometry(2)
-    eager = ours(images, geom, VOXELS)
-    eager.square().mean().backward()
-    eager_grads = [p.grad.clone() for p in ours.parameters()]
-    ours.zero_grad()
-    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")  # fullgraph: a break raises
-    out = compiled(images, geom, VOXELS)
-    out.square().mean().backward()
-    assert_close(out, eager, "output")
-    for p, g in zip(ours.parameters(), eager_grads):
-        assert_close(p.grad, g, "gradient")
+    assert_compiles_alike(twin_models()[0], (images, frustum_geometry(2), VOXELS))
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):

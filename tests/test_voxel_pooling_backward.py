@@ -1,8 +1,6 @@
 """voxel_pooling_backward: spec cases on every CPU path, properties, garbage pos_memo, NaN,
 agreement with voxel_pooling_forward, checks and interop."""
 
-import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from tvm_ops.ops.voxel_pooling_backward import OP
 from tvm_ops.testing import voxel_pooling_backward as TESTING
 from tvm_ops.testing.voxel_pooling_forward import pos_memo_rule
 
-from .conftest import requires_torch
+from .conftest import requires_torch, use_knobs
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 # the CPU paths: whole-line rows streamed past the caches (taken when the output starts on a
@@ -25,21 +23,10 @@ KERNEL_SETS = {"stream": {"stream": True, "task_points": 1024},
                "cached": {"stream": False, "task_points": 256}}
 
 
-def use_knobs(monkeypatch, knobs: dict) -> None:
-    """Make `knobs` the CPU defaults for this test (tuning records kept out)."""
-    llvm = OP.schedules["llvm"]
-    patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, **knobs))
-    monkeypatch.setattr(OP, "schedules", dict(OP.schedules, llvm=patched))
-    monkeypatch.setenv("TVM_OPS_RECORDS", os.devnull)
-    chosen = dispatch.default_variant(OP, "float32", targets.resolve("llvm")).knobs
-    assert {k: chosen[k] for k in knobs} == knobs
-    OP.clear_call_cache()  # calls remembered under other knobs would run their library
-
-
 @pytest.fixture(params=list(KERNEL_SETS))
 def path(request, monkeypatch):
     """Each test that takes it runs on every CPU kernel variant."""
-    use_knobs(monkeypatch, KERNEL_SETS[request.param])
+    use_knobs(monkeypatch, OP, KERNEL_SETS[request.param])
     yield request.param
     OP.clear_call_cache()
 

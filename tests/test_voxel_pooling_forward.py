@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, dispatch, metrics, runner, targets
+from tvm_ops import build, metrics, runner, targets
 from tvm_ops.ops.voxel_pooling_forward import OP, point_splits
 from tvm_ops.testing import voxel_pooling_forward as TESTING
 
+from . import conftest
 from .conftest import requires_torch
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
@@ -29,15 +30,7 @@ KERNEL_SETS = {"owner-S1": {"algorithm": "owner", "point_splits": 1},
 
 
 def use_knobs(monkeypatch, knobs: dict) -> None:
-    """Make `knobs` the CPU defaults for this test: the library calls load and the kernel
-    set launch runs both follow build.default_variant (tuning records are kept out)."""
-    llvm = OP.schedules["llvm"]
-    patched = dataclasses.replace(llvm, defaults=dict(llvm.defaults, **knobs))
-    monkeypatch.setattr(OP, "schedules", dict(OP.schedules, llvm=patched))
-    monkeypatch.setenv("TVM_OPS_RECORDS", os.devnull)
-    chosen = dispatch.default_variant(OP, "float32", targets.resolve("llvm")).knobs
-    assert {k: chosen[k] for k in knobs} == knobs
-    OP.clear_call_cache()  # calls remembered under other knobs would run their kernel set
+    conftest.use_knobs(monkeypatch, OP, knobs)
 
 
 @pytest.fixture(params=list(KERNEL_SETS))
