@@ -16,11 +16,12 @@ from tvm_ops.testing.voxel_pooling_forward import pos_memo_rule
 from .conftest import requires_torch, use_knobs
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
-# the CPU paths: whole-line rows streamed past the caches (taken when the output starts on a
-# cache line and C % 16 == 0, else the cached stores), and cached stores only, with short
-# tasks so that several tasks end inside one batch
-KERNEL_SETS = {"stream": {"stream": True, "task_points": 1024},
-               "cached": {"stream": False, "task_points": 256}}
+# the CPU paths: whole-line rows streamed past the caches from any output size (taken when
+# the output starts on a cache line and C % 16 == 0, else the cached stores) with the row
+# prefetch, and cached stores only without it, in short tasks so that several tasks end
+# inside one batch
+KERNEL_SETS = {"stream": {"stream": True, "stream_min_mib": 0, "prefetch_points": 16, "task_points": 1024},
+               "cached": {"stream": False, "prefetch_points": 0, "task_points": 256}}
 
 
 @pytest.fixture(params=list(KERNEL_SETS))

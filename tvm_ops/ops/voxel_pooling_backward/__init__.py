@@ -38,7 +38,8 @@ class VoxelPoolingBackward(Operator):
         if model.kind == "cuda":
             return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"])}
         registers = max(1, compute.LINE_WORDS // pol.lanes)
-        return {"vec": pol.vector(registers), "task_points": int(knobs["task_points"]), "stream": bool(knobs["stream"])}
+        return {"vec": pol.vector(registers), "task_points": int(knobs["task_points"]), "stream": bool(knobs["stream"]),
+                "prefetch_points": int(knobs["prefetch_points"]), "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
         return compute.computes(dtype, plan, model.kind)

@@ -11,6 +11,7 @@ import tvm
 from tvm.script import tirx as T
 
 from .. import cpu_ir
+from ..prefetch import prefetch_words
 from ...host_buffers import LINE_BYTES
 
 CUDA_VEC = 32  # CUDA: the channels of a warp (the plan's channel unit)
@@ -28,14 +29,18 @@ def llvm_ir(features, V: int, stream: bool) -> str:
     return cpu_ir.stream_ir(features, V, "float32") if streams(V, stream) else ""
 
 
-def _gather_cpu(dtype: str, V: int, K: int, stream: bool):
+def _gather_cpu(dtype: str, V: int, K: int, stream: bool, ahead: int, stream_min_words: int):
     """Task t = points [t * K, (t + 1) * K) of the flattened (b, n), in order. Per point:
     pos_memo read once, then channels [0, C // V * V) as V-wide vectors (block `copy`,
-    vectorised by the schedule) and the C % V tail (the V split is in the compute:
-    TVM 0.27 scalarises a predicated split of a symbolic loop). With `stream`, when the
-    output rows are whole cache lines (grad_input_features on a line, C % 16 == 0), the
-    vectors are stored past the caches instead (no read for ownership of the 300 MB being
-    written), and the task ends with the fence those weakly ordered stores need."""
+    vectorised by the schedule) and the C % V tail (the V split is in the compute: TVM 0.27
+    scalarises a predicated split of a symbolic loop). The grad_output row `ahead` points
+    on is prefetched: the rows are random, no hardware prefetcher follows them.
+
+    With `stream`, an output of stream_min_words words or more (about the last-level cache:
+    it cannot stay there for its consumer anyway) whose rows are whole cache lines
+    (grad_input_features on a line, C % 16 == 0) is stored past the caches: no read for
+    ownership of the lines being overwritten. Each task then ends with the fence those
+    weakly ordered stores need."""
     zero = tvm.tirx.const(0, dtype)
     streamed_path = streams(V, stream)
     stream_fn = f"tvm_ops_stream_x{V}_{dtype}"
@@ -52,11 +57,22 @@ def _gather_cpu(dtype: str, V: int, K: int, stream: bool):
                 vt = T.axis.spatial((B * N + K - 1) // K, t)
                 T.reads(memo[0:B, 0:N, 0:3], grad[0:B, 0:Y, 0:X, 0:C])
                 T.writes(out[0:B, 0:N, 0:C])
-                lined: T.let[T.bool] = T.bool(streamed_path) and C % LINE_WORDS == 0 and T.call_extern(
+                # (B * N * C < 2^31: the checks refuse larger tensors)
+                lined: T.let[T.bool] = T.bool(streamed_path) and B * N * C >= stream_min_words and \
+                    C % LINE_WORDS == 0 and T.call_extern(
                     "int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0])) != 0
                 for j in range(T.min(K, B * N - vt * K)):
                     vb: T.let[T.int32] = (vt * K + j) // N
                     vn: T.let[T.int32] = (vt * K + j) % N
+                    if ahead > 0 and vt * K + j + ahead < B * N:
+                        # the row `ahead` points on, into the caches while this point is copied;
+                        # any row of grad_output will do, so the test is only its bounds
+                        pb: T.let[T.int32] = (vt * K + j + ahead) // N
+                        pn: T.let[T.int32] = (vt * K + j + ahead) % N
+                        py: T.let[T.int32] = memo[pb, pn, 1]
+                        px: T.let[T.int32] = memo[pb, pn, 2]
+                        if py >= 0 and py < Y and px >= 0 and px < X:
+                            prefetch_words(lambda w: grad[pb, py, px, w], C, 0)
                     # pos_memo read once per point
                     y: T.let[T.int32] = memo[vb, vn, 1]
                     x: T.let[T.int32] = memo[vb, vn, 2]
@@ -125,4 +141,5 @@ def computes(dtype: str, plan: dict, kind: str) -> dict:
     """{kernel name: PrimFunc} for one dtype, plan and target kind."""
     if kind == "cuda":
         return {"gather": _gather_cuda(dtype)}
-    return {"gather": _gather_cpu(dtype, plan["vec"], plan["task_points"], plan["stream"])}
+    return {"gather": _gather_cpu(dtype, plan["vec"], plan["task_points"], plan["stream"], plan["prefetch_points"],
+                                  plan["stream_min_mib"] * (1 << 20) // 4)}
