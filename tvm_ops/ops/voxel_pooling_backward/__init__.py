@@ -7,12 +7,14 @@ Contract: specs/voxel_pooling_backward.yaml.
 
 One kernel, `gather`: a gather, not a scatter. Each point owns its output row and writes it
 once (no zero-fill, no atomics, the same bits on every run, thread count and target). Any
-int32 in pos_memo is accepted: a row that is not kept reads grad_output[b, 0, 0] (in bounds,
-as Y, X >= 1 is checked) and stores zeros.
+int32 in pos_memo is accepted: grad_output is read only under the test that the row is
+kept, and a row that is not kept stores zeros.
 
-- llvm: points are the parallel axis (the thread pool cuts (b, n) into contiguous runs, so
-  each thread streams one stretch of the output); per point pos_memo is read once and the
-  row copied in channel vectors of V (main) plus the C % V tail.
+- llvm: tasks of consecutive points are the parallel axis (each thread gets a contiguous
+  run of them, so it writes one stretch of the output); per point pos_memo is read once and
+  the row copied in cache-line vectors plus the C % 16 tail, the grad_output row a few
+  points ahead prefetched; outputs beyond the last-level cache are stored past the caches
+  (non-temporal stores; docs/kernels/voxel_pooling_backward.md has the measurements).
 - cuda: one thread per (point, channel), channels fastest (coalesced row reads and writes).
 """
 
@@ -30,13 +32,13 @@ class VoxelPoolingBackward(Operator):
 
     def plan(self, model, knobs):
         """The seed's split of points over the cores, with nothing staged on chip: the plan is
-        the channel step and the points of a task.
+        the channel step and the points of a task (CUDA: the threads of a block).
 
         V: a cache line of float32 words (whole SIMD registers: 1 on AVX-512, 2 on AVX2, 4 on
-        NEON), so that a streamed vector store covers its line; a warp on CUDA."""
+        NEON), so that a streamed vector store covers its line."""
         pol = policy.for_target(model)
         if model.kind == "cuda":
-            return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"])}
+            return {"threads": int(knobs["threads"])}
         registers = max(1, compute.LINE_WORDS // pol.lanes)
         return {"vec": pol.vector(registers), "task_points": int(knobs["task_points"]), "stream": bool(knobs["stream"]),
                 "prefetch_points": int(knobs["prefetch_points"]), "stream_min_mib": int(knobs["stream_min_mib"])}

@@ -14,7 +14,6 @@ from .. import cpu_ir
 from ..prefetch import prefetch_words
 from ...host_buffers import LINE_BYTES
 
-CUDA_VEC = 32  # CUDA: the channels of a warp (the plan's channel unit)
 LINE_WORDS = LINE_BYTES // 4  # float32 words of a cache line
 
 
