@@ -77,6 +77,15 @@ def _torch_inputs(op, case, device):
     return inputs, params, {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in inputs.items()}
 
 
+def _network_cases(op, device: str, case_name: str | None):
+    """(case, numpy inputs, params, torch inputs on `device`) of each network case of op's
+    spec, only case_name's when given."""
+    for case in op.spec.cases_in("network"):
+        if case_name and case.name != case_name:
+            continue
+        yield (case, *_torch_inputs(op, case, device))
+
+
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation."""
     import torch
@@ -87,10 +96,7 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
     forward, backward = get("ms_deform_attn_forward"), get("ms_deform_attn_backward")
     device = "cuda" if model.kind == "cuda" else "cpu"
     peak = peak_flops(model)
-    for case in forward.spec.cases_in("network"):
-        if case_name and case.name != case_name:
-            continue
-        inputs, params, t = _torch_inputs(forward, case, device)
+    for case, inputs, params, t in _network_cases(forward, device, case_name):
         shapes = t["spatial_shapes"].long()  # what mmcv's callers pass
         starts = t["level_start_index"].long()
         levels = [tuple(x) for x in inputs["spatial_shapes"].tolist()]
@@ -122,10 +128,7 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
     forward, backward = get("border_align_forward"), get("border_align_backward")
     device = "cuda" if model.kind == "cuda" else "cpu"
     peak = peak_flops(model)
-    for case in forward.spec.cases_in("network"):
-        if case_name and case.name != case_name:
-            continue
-        _, params, t = _torch_inputs(forward, case, device)
+    for case, _, params, t in _network_cases(forward, device, case_name):
         pool = params["pool_size"]
         boxes = t["boxes"]
         leaves = [t["input"].permute(0, 3, 1, 2).contiguous().requires_grad_(True)]  # NCHW, as mmcv's callers
@@ -156,10 +159,7 @@ def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_
     forward, backward = get("voxel_pooling_forward"), get("voxel_pooling_backward")
     device = "cuda" if model.kind == "cuda" else "cpu"
     peak = peak_flops(model)
-    for case in forward.spec.cases_in("network"):
-        if case_name and case.name != case_name:
-            continue
-        _, params, t = _torch_inputs(forward, case, device)
+    for case, _, params, t in _network_cases(forward, device, case_name):
         voxel_num = [params[k] for k in ("num_voxel_x", "num_voxel_y", "num_voxel_z")]
         geom = t["geom_xyz"]
         leaves = [t["input_features"].clone().requires_grad_(True)]

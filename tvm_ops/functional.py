@@ -1,5 +1,5 @@
 """Differentiable PyTorch functions over the tvm_ops kernels, with the signatures and layouts
-the networks already call (mmcv), so switching is one import.
+the networks already call (mmcv, BEVDepth), so switching is one import.
 
 Each function is a `torch.library.custom_op` (namespace `tvm_ops`) with a fake
 implementation (shapes only, for torch.compile and meta tensors) and its backward registered
