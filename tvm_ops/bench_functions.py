@@ -145,4 +145,38 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
                           bandwidth, peak)
 
 
-FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases}
+def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
+    """FunctionLines of tvm_ops.functional.three_interpolate vs the stock gather formulation
+    (torch.gather of the three neighbours, weighted and summed), run through autograd."""
+    import torch
+
+    from . import functional
+    from .testing.three_interpolate_forward import gather_formulation
+
+    forward, backward = get("three_interpolate_forward"), get("three_interpolate_backward")
+    device = "cuda" if model.kind == "cuda" else "cpu"
+    peak = peak_flops(model)
+    for case in forward.spec.cases_in("network"):
+        if case_name and case.name != case_name:
+            continue
+        _, _, t = _torch_inputs(forward, case, device)
+        indices, weight = t["indices"], t["weights"]  # the case's indices are all in [0, M)
+        index = indices.long()
+        leaves = [t["features"].clone().requires_grad_(True)]
+        grad = torch.randn(leaves[0].shape[0], leaves[0].shape[1], indices.shape[1], device=device)
+
+        def ours(features):
+            return functional.three_interpolate(features, indices, weight)
+
+        def peer(features):
+            return gather_formulation(features, index, weight)
+
+        fwd = forward.spec.theory(case.shape, 4)
+        bwd = backward.spec.theory(case.shape, 4)
+        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        yield from _timed("three_interpolate", case, ours, peer, "gather", leaves, grad, costs, repeat, device,
+                          bandwidth, peak)
+
+
+FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases,
+             "three_interpolate": three_interpolate_cases}
