@@ -77,6 +77,21 @@ def _torch_inputs(op, case, device):
     return inputs, params, {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in inputs.items()}
 
 
+def _setup(forward_name: str, backward_name: str, model: TargetModel, case_name: str | None):
+    """(forward op, backward op, device, peak FLOP/s, the network cases the call asks for) of
+    a function whose kernels are `forward_name` and `backward_name`."""
+    forward, backward = get(forward_name), get(backward_name)
+    cases = [c for c in forward.spec.cases_in("network") if not case_name or c.name == case_name]
+    return forward, backward, "cuda" if model.kind == "cuda" else "cpu", peak_flops(model), cases
+
+
+def _costs(forward, backward, shape, forward_params=None, backward_params=None) -> dict:
+    """{"forward": (io, ops), "train": (io, ops)} of the kernels each mode runs (float32)."""
+    fwd = forward.spec.theory(shape, 4, forward_params)
+    bwd = backward.spec.theory(shape, 4, backward_params)
+    return {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+
+
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation."""
     import torch
@@ -84,12 +99,8 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
     from . import functional
     from .testing.ms_deform_attn_backward import msda_pytorch
 
-    forward, backward = get("ms_deform_attn_forward"), get("ms_deform_attn_backward")
-    device = "cuda" if model.kind == "cuda" else "cpu"
-    peak = peak_flops(model)
-    for case in forward.spec.cases_in("network"):
-        if case_name and case.name != case_name:
-            continue
+    forward, backward, device, peak, cases = _setup("ms_deform_attn_forward", "ms_deform_attn_backward", model, case_name)
+    for case in cases:
         inputs, params, t = _torch_inputs(forward, case, device)
         shapes = t["spatial_shapes"].long()  # what mmcv's callers pass
         starts = t["level_start_index"].long()
@@ -104,9 +115,7 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
         def peer(value, loc, attn):
             return msda_pytorch(value, levels, loc, attn)
 
-        fwd = forward.spec.theory(case.shape, 4, params)
-        bwd = backward.spec.theory(case.shape, 4, params)
-        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        costs = _costs(forward, backward, case.shape, params, params)
         yield from _timed("ms_deform_attn", case, ours, peer, "grid_sample", leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
@@ -119,12 +128,8 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
     from . import functional
     from .testing.border_align_forward import torch_forward_per_sample
 
-    forward, backward = get("border_align_forward"), get("border_align_backward")
-    device = "cuda" if model.kind == "cuda" else "cpu"
-    peak = peak_flops(model)
-    for case in forward.spec.cases_in("network"):
-        if case_name and case.name != case_name:
-            continue
+    forward, backward, device, peak, cases = _setup("border_align_forward", "border_align_backward", model, case_name)
+    for case in cases:
         _, params, t = _torch_inputs(forward, case, device)
         pool = params["pool_size"]
         boxes = t["boxes"]
@@ -138,9 +143,7 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
         def peer(feat):
             return torch_forward_per_sample(feat.permute(0, 2, 3, 1), boxes, pool)[0].permute(0, 3, 1, 2)
 
-        fwd = forward.spec.theory(case.shape, 4, params)
-        bwd = backward.spec.theory(case.shape, 4, dict(params, height=h, width=w))
-        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        costs = _costs(forward, backward, case.shape, params, dict(params, height=h, width=w))
         yield from _timed("border_align", case, ours, peer, "per_sample", leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
@@ -153,12 +156,8 @@ def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, c
     from . import functional
     from .testing.three_interpolate_forward import gather_formulation
 
-    forward, backward = get("three_interpolate_forward"), get("three_interpolate_backward")
-    device = "cuda" if model.kind == "cuda" else "cpu"
-    peak = peak_flops(model)
-    for case in forward.spec.cases_in("network"):
-        if case_name and case.name != case_name:
-            continue
+    forward, backward, device, peak, cases = _setup("three_interpolate_forward", "three_interpolate_backward", model, case_name)
+    for case in cases:
         _, _, t = _torch_inputs(forward, case, device)
         indices, weight = t["indices"], t["weights"]  # the case's indices are all in [0, M)
         index = indices.long()
@@ -171,9 +170,7 @@ def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, c
         def peer(features):
             return gather_formulation(features, index, weight)
 
-        fwd = forward.spec.theory(case.shape, 4)
-        bwd = backward.spec.theory(case.shape, 4)
-        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        costs = _costs(forward, backward, case.shape)
         yield from _timed("three_interpolate", case, ours, peer, "gather", leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 

@@ -6,11 +6,23 @@ So the loop runs over ceil(N / V) vectors and the last one is moved back to end 
 `o` covers points min(o*V, N - V) + lane. The last vector recomputes up to V - 1 points an
 earlier one wrote, with the same per-lane arithmetic, so it stores the same bits. It needs
 N >= V; a call with N < V runs the operator's `_small` kernel (V = 1: every point once).
+`plan_vector` rounds a plan's vector knob to the target's lanes (border_align_forward's
+channel vectors too).
 """
 
 from __future__ import annotations
 
 from tvm.script import tirx as T
+
+
+def plan_vector(model, knobs: dict) -> dict:
+    """The plan of `knobs` with its `vector` (points or channels per vector step) a whole
+    number of the CPU target's float32 vectors, at least one; a CUDA plan is the knobs."""
+    plan = dict(knobs)
+    if model.kind == "llvm":
+        lanes = model.lanes("float32")
+        plan["vector"] = max(lanes, int(plan["vector"]) // lanes * lanes)
+    return plan
 
 
 def vectors(N, lanes: int):

@@ -46,35 +46,39 @@ def reference(inputs, params):
 
 
 def peers(inputs, params):
-    """Stock PyTorch formulations (topk's order among equal distances is its own: the peer
-    test uses tie-free data)."""
-    return {"cdist+topk": _cdist_peer(inputs), "diff2+topk": _chunked_peer(inputs)}
+    """Stock PyTorch formulations of the same result. They rank with a stable sort: topk's
+    order among equal distances is unspecified (on the grid cases ties are common), and a
+    stable sort of the distances is what a PyTorch user writes to get mmcv's lower-index-first
+    rule. Squared distances as (x - y)^2 summed: exact on the grid, as the kernel's."""
+    return {"chunked+sort": _chunked_peer(inputs), "full+sort": _full_peer(inputs)}
 
 
-def _cdist_peer(inputs):
-    """torch.cdist (exact Euclidean mode) squared, then the three smallest."""
+def _nearest(unknown, known):
+    """The three smallest squared distances of each unknown point and their indices."""
     import torch
 
+    d2 = (unknown[:, :, None] - known[:, None]).square().sum(-1)  # [B, n, M]
+    d2 = torch.where(torch.isfinite(d2), d2, torch.full_like(d2, float("inf")))
+    dist2, idx = torch.sort(d2, dim=2, stable=True)
+    dist2, idx = dist2[..., :3], idx[..., :3].int()
+    return dist2, torch.where(torch.isfinite(dist2), idx, torch.full_like(idx, -1))
+
+
+def _full_peer(inputs):
+    """Every [B, N, M] distance at once."""
     unknown, known = (peer_tensor(inputs[k]).float() for k in ("unknown", "known"))
-
-    def run():
-        d = torch.cdist(unknown, known, compute_mode="donot_use_mm_for_euclid_dist").square()
-        dist2, idx = torch.topk(d, 3, dim=2, largest=False, sorted=True)
-        return dist2, idx.int()
-
-    return run
+    return lambda: _nearest(unknown, known)
 
 
 def _chunked_peer(inputs, chunk=256):
-    """(x - y)^2 summed over the coordinates, in chunks of unknown points (what a PointNet++
-    without custom ops writes to bound the [N, M] temporaries), then topk."""
+    """In chunks of unknown points (what a PointNet++ without custom ops writes to bound the
+    [N, M] temporaries)."""
     import torch
 
     unknown, known = (peer_tensor(inputs[k]).float() for k in ("unknown", "known"))
 
     def run():
-        parts = [torch.topk((unknown[:, n0:n0 + chunk, None] - known[:, None]).square().sum(-1), 3, dim=2,
-                            largest=False, sorted=True) for n0 in range(0, unknown.shape[1], chunk)]
-        return torch.cat([p.values for p in parts], 1), torch.cat([p.indices for p in parts], 1).int()
+        parts = [_nearest(unknown[:, n0:n0 + chunk], known) for n0 in range(0, unknown.shape[1], chunk)]
+        return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
     return run

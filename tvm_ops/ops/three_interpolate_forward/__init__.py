@@ -21,6 +21,7 @@ Select when the index is outside), so no index value reads outside `features`.
 from __future__ import annotations
 
 from ..base import Operator
+from ..point_vectors import plan_vector
 from . import schedule
 from .compute import KERNELS, forward_compute
 
@@ -34,11 +35,7 @@ class ThreeInterpolateForward(Operator):
         """mlu-ops would split B * C over taskDim; here a CPU task is a (batch, channel block)
         whose points run in vectors (a multiple of the target's lanes); CUDA blocks of
         `threads` points of one (batch, channel)."""
-        plan = dict(knobs)
-        if model.kind == "llvm":
-            lanes = model.lanes("float32")
-            plan["vector"] = max(lanes, int(plan["vector"]) // lanes * lanes)
-        return plan
+        return plan_vector(model, knobs)
 
     def computes(self, dtype, plan, model):
         lanes = int(plan["vector"]) if model.kind == "llvm" else 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ...errors import BadParamError
 from ..base import Operator
+from ..point_vectors import plan_vector
 from . import schedule
 from .compute import KERNELS, nn_compute
 
@@ -42,11 +43,7 @@ class ThreeNN(Operator):
         """mlu-ops would split B * N points over taskDim; here a CPU task is a (batch, vector
         of points), the vector a multiple of the target's lanes; a CUDA block `threads`
         points of one batch."""
-        plan = dict(knobs)
-        if model.kind == "llvm":
-            lanes = model.lanes("float32")
-            plan["vector"] = max(lanes, int(plan["vector"]) // lanes * lanes)
-        return plan
+        return plan_vector(model, knobs)
 
     def computes(self, dtype, plan, model):
         lanes = int(plan["vector"]) if model.kind == "llvm" else 1
