@@ -77,6 +77,11 @@ def _torch_inputs(op, case, device):
     return inputs, params, {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in inputs.items()}
 
 
+def _ops_device_peak(forward_name: str, backward_name: str, model: TargetModel):
+    """(forward op, backward op, the torch device of `model`, its peak FLOP/s)."""
+    return get(forward_name), get(backward_name), "cuda" if model.kind == "cuda" else "cpu", peak_flops(model)
+
+
 def _network_cases(op, device: str, case_name: str | None):
     """(case, numpy inputs, params, torch inputs on `device`) of each network case of op's
     spec, only case_name's when given."""
@@ -86,6 +91,13 @@ def _network_cases(op, device: str, case_name: str | None):
         yield (case, *_torch_inputs(op, case, device))
 
 
+def _costs(forward, backward, shape, forward_params=None, backward_params=None) -> dict:
+    """{"forward": (io, ops), "train": (io, ops)} of the kernels each mode runs (float32)."""
+    fwd = forward.spec.theory(shape, 4, forward_params)
+    bwd = backward.spec.theory(shape, 4, backward_params)
+    return {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+
+
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation."""
     import torch
@@ -93,9 +105,7 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
     from . import functional
     from .testing.ms_deform_attn_backward import msda_pytorch
 
-    forward, backward = get("ms_deform_attn_forward"), get("ms_deform_attn_backward")
-    device = "cuda" if model.kind == "cuda" else "cpu"
-    peak = peak_flops(model)
+    forward, backward, device, peak = _ops_device_peak("ms_deform_attn_forward", "ms_deform_attn_backward", model)
     for case, inputs, params, t in _network_cases(forward, device, case_name):
         shapes = t["spatial_shapes"].long()  # what mmcv's callers pass
         starts = t["level_start_index"].long()
@@ -110,9 +120,7 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
         def peer(value, loc, attn):
             return msda_pytorch(value, levels, loc, attn)
 
-        fwd = forward.spec.theory(case.shape, 4, params)
-        bwd = backward.spec.theory(case.shape, 4, params)
-        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        costs = _costs(forward, backward, case.shape, params, params)
         yield from _timed("ms_deform_attn", case, ours, peer, "grid_sample", leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
@@ -125,9 +133,7 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
     from . import functional
     from .testing.border_align_forward import torch_forward_per_sample
 
-    forward, backward = get("border_align_forward"), get("border_align_backward")
-    device = "cuda" if model.kind == "cuda" else "cpu"
-    peak = peak_flops(model)
+    forward, backward, device, peak = _ops_device_peak("border_align_forward", "border_align_backward", model)
     for case, _, params, t in _network_cases(forward, device, case_name):
         pool = params["pool_size"]
         boxes = t["boxes"]
@@ -141,9 +147,7 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
         def peer(feat):
             return torch_forward_per_sample(feat.permute(0, 2, 3, 1), boxes, pool)[0].permute(0, 3, 1, 2)
 
-        fwd = forward.spec.theory(case.shape, 4, params)
-        bwd = backward.spec.theory(case.shape, 4, dict(params, height=h, width=w))
-        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+        costs = _costs(forward, backward, case.shape, params, dict(params, height=h, width=w))
         yield from _timed("border_align", case, ours, peer, "per_sample", leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
@@ -156,9 +160,7 @@ def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_
     from . import functional
     from .testing.voxel_pooling_forward import voxel_pool_pytorch
 
-    forward, backward = get("voxel_pooling_forward"), get("voxel_pooling_backward")
-    device = "cuda" if model.kind == "cuda" else "cpu"
-    peak = peak_flops(model)
+    forward, backward, device, peak = _ops_device_peak("voxel_pooling_forward", "voxel_pooling_backward", model)
     for case, _, params, t in _network_cases(forward, device, case_name):
         voxel_num = [params[k] for k in ("num_voxel_x", "num_voxel_y", "num_voxel_z")]
         geom = t["geom_xyz"]
@@ -179,5 +181,31 @@ def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_
                           bandwidth, peak)
 
 
+def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
+    """FunctionLines of tvm_ops.functional.three_interpolate vs the stock gather formulation
+    (torch.gather of the three neighbours, weighted and summed), run through autograd."""
+    import torch
+
+    from . import functional
+    from .testing.three_interpolate_forward import gather_formulation
+
+    forward, backward, device, peak = _ops_device_peak("three_interpolate_forward", "three_interpolate_backward", model)
+    for case, _, _, t in _network_cases(forward, device, case_name):
+        indices, weight = t["indices"], t["weights"]  # the case's indices are all in [0, M)
+        index = indices.long()
+        leaves = [t["features"].clone().requires_grad_(True)]
+        grad = torch.randn(leaves[0].shape[0], leaves[0].shape[1], indices.shape[1], device=device)
+
+        def ours(features):
+            return functional.three_interpolate(features, indices, weight)
+
+        def peer(features):
+            return gather_formulation(features, index, weight)
+
+        costs = _costs(forward, backward, case.shape)
+        yield from _timed("three_interpolate", case, ours, peer, "gather", leaves, grad, costs, repeat, device,
+                          bandwidth, peak)
+
+
 FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases,
-             "voxel_pooling": voxel_pooling_cases}
+             "voxel_pooling": voxel_pooling_cases, "three_interpolate": three_interpolate_cases}

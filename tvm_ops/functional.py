@@ -18,8 +18,8 @@ from torch import Tensor
 from . import interop
 from .errors import BadParamError
 
-__all__ = ["BorderAlign", "MultiScaleDeformableAttnFunction", "border_align", "ms_deform_attn", "voxel_pooling",
-           "voxel_pooling_train"]
+__all__ = ["BorderAlign", "MultiScaleDeformableAttnFunction", "border_align", "ms_deform_attn", "three_interpolate",
+           "three_nn", "voxel_pooling", "voxel_pooling_train"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -34,7 +34,7 @@ def _kernel_input(tensor: Tensor) -> Tensor:
     return tensor.detach()
 
 
-def _int32(tensor: Tensor, name: str) -> Tensor:
+def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn") -> Tensor:
     """An index tensor as the kernels take it: int32 as given; int64 (what mmcv's callers pass)
     converted once its values are known to fit. The values are read on the host on every call
     for CPU tensors and once per tensor and version for CUDA ones (the converted tensor is kept
@@ -43,19 +43,19 @@ def _int32(tensor: Tensor, name: str) -> Tensor:
     if tensor.dtype == torch.int32 or tensor.dtype != torch.int64:
         return tensor  # other dtypes: the operator's checks name them
     if tensor.device.type == "cpu":
-        _require_int32(tensor.numpy(), name)
+        _require_int32(tensor.numpy(), name, function)
         return tensor.to(torch.int32)
-    return interop.per_version(tensor, name, _int32_twin)
+    return interop.per_version(tensor, name, lambda t, n: _int32_twin(t, n, function))
 
 
-def _int32_twin(tensor: Tensor, name: str) -> Tensor:
-    _require_int32(tensor.cpu().numpy(), name)
+def _int32_twin(tensor: Tensor, name: str, function: str) -> Tensor:
+    _require_int32(tensor.cpu().numpy(), name, function)
     return tensor.to(torch.int32)
 
 
-def _require_int32(values: np.ndarray, name: str) -> None:
+def _require_int32(values: np.ndarray, name: str, function: str) -> None:
     if values.size and (values.min() < INT32_MIN or values.max() > INT32_MAX):
-        raise BadParamError(f"ms_deform_attn: {name} holds values outside int32 "
+        raise BadParamError(f"{function}: {name} holds values outside int32 "
                             f"[{values.min()}, {values.max()}]; the kernels index with int32")
 
 
@@ -306,3 +306,91 @@ def _three_ints(values: np.ndarray) -> tuple[int, int, int]:
     """The three values of a host copy of voxel_num (module level: host_values keys its cache
     by the converter)."""
     return tuple(int(v) for v in values.reshape(-1))
+
+
+# --- three_nn / three_interpolate (PointNet++ feature propagation) ---------------------------
+
+
+@torch.library.custom_op("tvm_ops::three_nn", mutates_args=())
+def _three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
+    from .ops.three_nn import three_nn
+
+    return three_nn(_kernel_input(unknown), _kernel_input(known), target=_target(unknown))
+
+
+@_three_nn.register_fake
+def _three_nn_shape(unknown, known):
+    return unknown.new_empty(unknown.shape, dtype=torch.float32), unknown.new_empty(unknown.shape, dtype=torch.int32)
+
+
+def _three_nn_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(*output)
+
+
+def _three_nn_grad(ctx, _grad_dist2, _grad_idx):
+    return None, None  # a selection: no gradient (mmcv's ThreeNN returns none either)
+
+
+# registered so that inputs which require grad give outputs that do not (instead of torch's
+# "autograd kernel not registered" error at backward time)
+_three_nn.register_autograd(_three_nn_grad, setup_context=_three_nn_setup_context)
+
+
+def three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
+    """mmcv's `three_nn`: unknown [B, N, 3], known [B, M, 3] (float32 or float16, M >= 3) ->
+    (dist [B, N, 3] float32, the Euclidean distances ascending, idx [B, N, 3] int32); of equal
+    distances the lower index first. Not differentiable (the outputs never require grad).
+    NaN / inf distances never rank; a slot no finite distance reaches is (inf, -1). Rules:
+    tvm_ops.three_nn (which returns the squared distances)."""
+    dist2, idx = _three_nn(unknown, known)
+    return dist2.sqrt(), idx
+
+
+@torch.library.custom_op("tvm_ops::three_interpolate_forward", mutates_args=())
+def _three_interpolate_forward(features: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
+    from .ops.three_interpolate_forward import three_interpolate_forward
+
+    return three_interpolate_forward(_kernel_input(features), _int32(indices, "indices", "three_interpolate"),
+                                     _kernel_input(weight), target=_target(features))
+
+
+@_three_interpolate_forward.register_fake
+def _three_interpolate_forward_shape(features, indices, weight):
+    return features.new_empty((features.shape[0], features.shape[1], indices.shape[1]))
+
+
+@torch.library.custom_op("tvm_ops::three_interpolate_backward", mutates_args=())
+def _three_interpolate_backward(grad_output: Tensor, indices: Tensor, weight: Tensor, m: int) -> Tensor:
+    from .ops.three_interpolate_backward import three_interpolate_backward
+
+    return three_interpolate_backward(_kernel_input(grad_output), _int32(indices, "indices", "three_interpolate"),
+                                      _kernel_input(weight), m, target=_target(grad_output))
+
+
+@_three_interpolate_backward.register_fake
+def _three_interpolate_backward_shape(grad_output, indices, weight, m):
+    return grad_output.new_empty((grad_output.shape[0], grad_output.shape[1], m))
+
+
+def _three_interpolate_setup_context(ctx, inputs, output):
+    features, indices, weight = inputs
+    ctx.save_for_backward(indices, weight)
+    ctx.m = features.shape[2]
+
+
+def _three_interpolate_grad(ctx, grad_output):
+    indices, weight = ctx.saved_tensors
+    grad_features = _three_interpolate_backward(grad_output.contiguous(), indices, weight, ctx.m)
+    return grad_features, None, None  # as mmcv: no gradient for the indices or the weights
+
+
+_three_interpolate_forward.register_autograd(_three_interpolate_grad, setup_context=_three_interpolate_setup_context)
+
+
+def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
+    """mmcv's `three_interpolate`: features [B, C, M], indices [B, N, 3] (int32, or int64 that
+    fits), weight [B, N, 3] (the dtype of features: float32 or float16) -> [B, C, N], the
+    weighted sum of the three indexed features; indices outside [0, M) contribute nothing.
+    Differentiable in features (the backward is tvm_ops.three_interpolate_backward with
+    m = M); as mmcv's, no gradient flows to weight. Rules: tvm_ops.three_interpolate_forward."""
+    return _three_interpolate_forward(features, indices, weight)

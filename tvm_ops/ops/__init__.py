@@ -17,6 +17,8 @@ NAMES = (
     "ms_deform_attn_backward",
     "ms_deform_attn_forward",
     "three_interpolate_backward",
+    "three_interpolate_forward",
+    "three_nn",
     "voxel_pooling_backward",
     "voxel_pooling_forward",
 )

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...errors import BadParamError
 from ..base import Operator
+from ..point_vectors import plan_vector
 from . import schedule
 from .compute import KERNELS, forward_compute, to_nhwc_compute
 
@@ -69,11 +70,7 @@ class BorderAlignForward(Operator):
         """mlu-ops splits the N*K*4 borders over taskDim; here a CPU task is a box (n, k) (its
         samples' geometry computed once for its 4 borders and C channels), channels in
         vectors of `vector` (a multiple of the target's lanes); CUDA blocks as mmcv."""
-        plan = dict(knobs)
-        if model.kind == "llvm":
-            lanes = model.lanes("float32")
-            plan["vector"] = max(lanes, int(plan["vector"]) // lanes * lanes)
-        return plan
+        return plan_vector(model, knobs)
 
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":

@@ -1,0 +1,130 @@
+"""three_interpolate_forward: properties against the float64 reference, the adjoint of
+three_interpolate_backward, dtypes, out=, torch, bad input and index safety."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tvm_ops
+from tvm_ops import build, metrics
+from tvm_ops.ops import get
+from tvm_ops.testing import material
+
+from .conftest import requires_torch
+
+OP = get("three_interpolate_forward")
+TESTING = material(OP)
+
+
+def inputs(b, c, m, n, dtype="float32", low=None, high=None, seed=0):
+    rng = np.random.default_rng(seed)
+    low = 0 if low is None else low
+    high = max(m, 1) if high is None else high
+    return (rng.uniform(-1, 1, (b, c, m)).astype(dtype),
+            rng.integers(low, high, (b, n, 3)).astype(np.int32),
+            rng.uniform(0, 1, (b, n, 3)).astype(dtype))
+
+
+def check_against_reference(f, idx, w, result, dtype):
+    ref = TESTING.reference({"features": f, "indices": idx, "weights": w}, {})["output"]
+    assert metrics.accuracy(result, ref, dtype).failures(OP.spec.accuracy[dtype]) == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 3), c=st.integers(1, 40), m=st.integers(1, 140), n=st.integers(1, 150),
+       spill=st.integers(0, 40), dtype=st.sampled_from(["float32", "float16"]), seed=st.integers(0, 2**16))
+def test_random_shapes_with_out_of_range_indices(b, c, m, n, spill, dtype, seed):
+    f, idx, w = inputs(b, c, m, n, dtype, low=-spill, high=m + spill, seed=seed)
+    out = tvm_ops.three_interpolate_forward(f, idx, w)
+    assert out.shape == (b, c, n) and out.dtype == np.dtype(dtype)
+    check_against_reference(f, idx, w, out, dtype)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 3), c=st.integers(1, 40), m=st.integers(1, 100), n=st.integers(1, 120),
+       spill=st.integers(0, 20), seed=st.integers(0, 2**16))
+def test_forward_is_the_adjoint_of_the_backward(b, c, m, n, spill, seed):
+    # <forward(f), g> == <f, backward(g)>: the two ops agree on every index rule
+    f, idx, w = inputs(b, c, m, n, low=-spill, high=m + spill, seed=seed)
+    g = np.random.default_rng(seed + 1).uniform(-1, 1, (b, c, n)).astype(np.float32)
+    forward = tvm_ops.three_interpolate_forward(f, idx, w).astype(np.float64)
+    backward = tvm_ops.three_interpolate_backward(g, idx, w, m).astype(np.float64)
+    lhs, rhs = (forward * g).sum(), (f * backward).sum()
+    scale = (np.abs(forward) * np.abs(g)).sum() + 1e-30
+    assert abs(lhs - rhs) <= 1e-5 * scale
+
+
+def test_out_of_range_indices_contribute_nothing_even_with_nan_weights():
+    f, idx, w = inputs(2, 5, 4, 30)
+    idx[:, ::2, 1] = 7  # >= M
+    idx[:, 1::2, 2] = -3
+    idx[0, 5] = [2**31 - 1, -(2**31), 4]
+    w[:, ::2, 1] = np.nan
+    w[:, 1::2, 2] = np.inf
+    w[0, 5] = np.nan
+    out = tvm_ops.three_interpolate_forward(f, idx, w)
+    assert np.isfinite(out).all() and (out[0, :, 5] == 0).all()
+    check_against_reference(f, idx, w, out, "float32")
+
+
+def test_float16_sums_in_float32_and_rounds_once():
+    # 2048 + 1 + 1 in float16 steps would round to 2048 twice; summed in float32 it is 2050
+    f = np.array([[[2048.0, 1.0, 1.0]]], np.float16)
+    idx = np.array([[[0, 1, 2]]], np.int32)
+    w = np.ones((1, 1, 3), np.float16)
+    assert tvm_ops.three_interpolate_forward(f, idx, w).tolist() == [[[2050.0]]]
+
+
+def test_output_never_written_outside_the_callers_buffer():
+    f, idx, w = inputs(2, 7, 20, 37, low=-5, high=25)
+    size = 2 * 7 * 37
+    big = np.full(size + 64, -7.0, np.float32)
+    out = big[32:32 + size].reshape(2, 7, 37)
+    assert tvm_ops.three_interpolate_forward(f, idx, w, out=out) is out
+    assert (big[:32] == -7).all() and (big[-32:] == -7).all()
+    check_against_reference(f, idx, w, out, "float32")
+
+
+def test_m_zero_gives_zeros():
+    f, idx, w = inputs(2, 3, 0, 5, high=4)
+    assert (tvm_ops.three_interpolate_forward(f, idx, w) == 0).all()
+
+
+def test_one_kernel_serves_many_shapes():
+    tvm_ops.three_interpolate_forward(*inputs(1, 3, 5, 40))
+    tvm_ops.three_interpolate_forward(*inputs(1, 3, 5, 2))  # the small kernel
+    before = build.build_count
+    for shape in [(2, 17, 9, 33), (3, 64, 250, 100), (1, 1, 1, 1), (4, 5, 3000, 16), (1, 9, 8, 17)]:
+        f, idx, w = inputs(*shape)
+        check_against_reference(f, idx, w, tvm_ops.three_interpolate_forward(f, idx, w), "float32")
+    assert build.build_count == before
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda f, i, w: (f, i.astype(np.int64), w), "indices must have dtype int32"),
+    (lambda f, i, w: (f, i, w.astype(np.float16)), "the dtype of features"),
+    (lambda f, i, w: (f, i[:, :, :2], w[:, :, :2]), r"indices.shape\[2\] must be 3"),
+    (lambda f, i, w: (f, i, w[:, :-1]), r"weights.shape\[1\] \(N\)"),
+    (lambda f, i, w: (f[:1], i, w), r"indices.shape\[0\] \(B\) must equal features.shape\[0\] = 1"),
+    (lambda f, i, w: (f[:, :0], i, w), "must be non-zero"),
+])
+def test_bad_input_is_a_bad_param_error(edit, match):
+    with pytest.raises(tvm_ops.BadParamError, match=match):
+        tvm_ops.three_interpolate_forward(*edit(*inputs(2, 3, 6, 5)))
+
+
+def test_a_wrong_out_shape_is_refused():
+    f, idx, w = inputs(2, 3, 6, 5)
+    with pytest.raises(tvm_ops.BadParamError, match="out"):
+        tvm_ops.three_interpolate_forward(f, idx, w, out=np.zeros((2, 3, 6), np.float32))
+
+
+@requires_torch
+def test_torch_in_torch_out():
+    import torch
+
+    f, idx, w = inputs(2, 6, 11, 40, dtype="float16")
+    out = tvm_ops.three_interpolate_forward(torch.from_numpy(f), torch.from_numpy(idx), torch.from_numpy(w))
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16
+    check_against_reference(f, idx, w, out.numpy(), "float16")

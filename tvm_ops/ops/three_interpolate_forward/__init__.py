@@ -1,0 +1,61 @@
+"""three_interpolate_forward (PointNet++ feature propagation).
+
+out[b, c, n] = sum over k < 3 of weights[b, n, k] * features[b, c, indices[b, n, k]];
+indices outside [0, M) contribute nothing (three_interpolate_backward's rule, which also
+drops NaN / inf weights at those positions), so this is the exact adjoint of
+three_interpolate_backward. float16 multiplies and sums in float32 and rounds once.
+Semantics: docs/semantics.md; the contract: specs/three_interpolate_forward.yaml.
+
+Kernels (a TensorIR compute scheduled per target; B, C, M and N symbolic):
+`three_interpolate_forward` and, on the CPU, `three_interpolate_forward_small` (N below
+the vector width: one point at a time).
+  CPU: a parallel task per (batch, block of channels); points in vectors, the three
+      features of each lane gathered, outputs stored as whole vectors.
+  CUDA: a thread per output element.
+No atomics: every output element is one thread's sum of three terms in k order.
+
+Safety: every feature load's index is clamped into [0, M) (the term is dropped by a
+Select when the index is outside), so no index value reads outside `features`.
+"""
+
+from __future__ import annotations
+
+from ..base import Operator
+from ..point_vectors import plan_vector
+from . import schedule
+from .compute import KERNELS, forward_compute
+
+
+class ThreeInterpolateForward(Operator):
+    name = "three_interpolate_forward"
+    kernel_names = KERNELS
+    recipe = schedule
+
+    def plan(self, model, knobs):
+        """mlu-ops would split B * C over taskDim; here a CPU task is a (batch, channel block)
+        whose points run in vectors (a multiple of the target's lanes); CUDA blocks of
+        `threads` points of one (batch, channel)."""
+        return plan_vector(model, knobs)
+
+    def computes(self, dtype, plan, model):
+        lanes = int(plan["vector"]) if model.kind == "llvm" else 1
+        return {KERNELS[0]: forward_compute(dtype, lanes), KERNELS[1]: forward_compute(dtype, 1)}
+
+    def launch(self, kernels, problem, tensors):
+        args = [tensors[t] for t in ("features", "indices", "weights", "output")]
+        small = problem.device == "cpu" and problem.sizes["N"] < int(kernels.plan["vector"])
+        kernels[KERNELS[1] if small else KERNELS[0]](*args)
+
+
+OP = ThreeInterpolateForward()
+
+
+def three_interpolate_forward(features, indices, weights, *, target="llvm", out=None):
+    """Three-nearest-neighbour interpolation: output [B, C, N] from features [B, C, M].
+
+    indices [B, N, 3] int32 and weights [B, N, 3] (the dtype of features: float32 or
+    float16); indices outside [0, M) contribute nothing. numpy in -> numpy out; torch in ->
+    torch out; `out=` a caller buffer [B, C, N]. The differentiable torch function:
+    tvm_ops.functional.three_interpolate.
+    """
+    return OP.call({"features": features, "indices": indices, "weights": weights}, {}, target, {"output": out})

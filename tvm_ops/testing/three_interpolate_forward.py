@@ -1,0 +1,79 @@
+"""three_interpolate_forward: inputs, float64 reference and PyTorch peers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import peer_tensor
+
+
+def make_inputs(case, dtype, rng):
+    """extra: index_low / index_high (indices drawn from [low, high); default [0, M)),
+    nan_weight_out_of_range (NaN weights wherever the index is outside [0, M))."""
+    s = case.shape
+    low = case.extra.get("index_low", 0)
+    high = case.extra.get("index_high", max(s["M"], 1))
+    features = rng.uniform(-1, 1, (s["B"], s["C"], s["M"])).astype(dtype)
+    indices = rng.integers(low, high, (s["B"], s["N"], 3), dtype=np.int64).astype(np.int32)
+    weights = rng.uniform(0, 1, (s["B"], s["N"], 3))
+    if case.extra.get("nan_weight_out_of_range"):
+        weights[(indices < 0) | (indices >= s["M"])] = np.nan
+    return {"features": features, "indices": indices, "weights": weights.astype(dtype)}, {}
+
+
+def reference(inputs, params):
+    """out[b, :, n] = sum over k of weights[b, n, k] * features[b, :, indices[b, n, k]] in
+    float64, terms with an index outside [0, M) left out."""
+    features = np.asarray(inputs["features"], np.float64)
+    idx = np.asarray(inputs["indices"]).astype(np.int64)
+    w = np.asarray(inputs["weights"], np.float64)
+    batch, channels, m = features.shape
+    out = np.zeros((batch, channels, idx.shape[1]))
+    for b in range(batch):
+        for k in range(3):
+            keep = (idx[b, :, k] >= 0) & (idx[b, :, k] < m)
+            points = np.flatnonzero(keep)
+            out[b][:, points] += features[b][:, idx[b, points, k]] * w[b, points, k]
+    return {"output": out}
+
+
+def peers(inputs, params):
+    """What a PointNet++ without custom ops runs (the bench's ratio is against the first)."""
+    return {"gather": _gather_peer(inputs), "index_select": _index_select_peer(inputs)}
+
+
+def _masked(inputs):
+    """features, indices clamped into [0, M), weights zeroed where the index is outside."""
+    import torch
+
+    f, idx, w = (peer_tensor(inputs[k]) for k in ("features", "indices", "weights"))
+    m = f.shape[2]
+    valid = (idx >= 0) & (idx < m)
+    return f, idx.long().clamp(0, max(m - 1, 0)), torch.where(valid, w, torch.zeros_like(w))
+
+
+def gather_formulation(features, index, weights):
+    """torch.gather of the three neighbours' features, weighted and summed (index clamped,
+    weights already zero where it was out of range)."""
+    batch, channels, _ = features.shape
+    points = index.shape[1]
+    gathered = features.gather(2, index.reshape(batch, 1, points * 3).expand(batch, channels, -1))
+    return (gathered.reshape(batch, channels, points, 3) * weights[:, None]).sum(-1)
+
+
+def _gather_peer(inputs):
+    f, index, w = _masked(inputs)
+    return lambda: gather_formulation(f, index, w)
+
+
+def _index_select_peer(inputs):
+    """Per batch, index_select of the features' columns, weighted and summed."""
+    import torch
+
+    f, index, w = _masked(inputs)
+
+    def run():
+        return torch.stack([(f[b].index_select(1, index[b].reshape(-1)).reshape(f.shape[1], -1, 3) * w[b]).sum(-1)
+                            for b in range(f.shape[0])])
+
+    return run
