@@ -46,31 +46,51 @@ def reference(inputs, params):
 
 
 def peers(inputs, params):
-    """Stock PyTorch formulations of the same result. They rank with a stable sort: topk's
-    order among equal distances is unspecified (on the grid cases ties are common), and a
-    stable sort of the distances is what a PyTorch user writes to get mmcv's lower-index-first
-    rule. Squared distances as (x - y)^2 summed: exact on the grid, as the kernel's."""
-    return {"chunked+sort": _chunked_peer(inputs), "full+sort": _full_peer(inputs)}
+    """Stock PyTorch formulations of the same result. topk's order among equal distances is
+    unspecified (the grid cases have ties), so they rank an int64 key: the distance's float32
+    bits (monotonic for non-negative floats) above the point's index, whose smallest three are
+    mmcv's lower-index-first order; or, as a PyTorch user would write it, a stable sort.
+    Squared distances as (x - y)^2 summed: exact on the grid, as the kernel's."""
+    return {"chunked+topk": _chunked_peer(inputs, _nearest_topk), "full+topk": _full_peer(inputs, _nearest_topk),
+            "chunked+sort": _chunked_peer(inputs, _nearest)}
 
 
-def _nearest(unknown, known):
-    """The three smallest squared distances of each unknown point and their indices."""
+def _distances(unknown, known):
     import torch
 
     d2 = (unknown[:, :, None] - known[:, None]).square().sum(-1)  # [B, n, M]
-    d2 = torch.where(torch.isfinite(d2), d2, torch.full_like(d2, float("inf")))
+    return torch.where(torch.isfinite(d2), d2, torch.full_like(d2, float("inf")))
+
+
+def _nearest(unknown, known):
+    """The three smallest squared distances of each unknown point and their indices (stable sort)."""
+    import torch
+
+    d2 = _distances(unknown, known)
     dist2, idx = torch.sort(d2, dim=2, stable=True)
     dist2, idx = dist2[..., :3], idx[..., :3].int()
     return dist2, torch.where(torch.isfinite(dist2), idx, torch.full_like(idx, -1))
 
 
-def _full_peer(inputs):
+def _nearest_topk(unknown, known):
+    """The same by topk over unique int64 keys (distance bits << 32 | index)."""
+    import torch
+
+    d2 = _distances(unknown, known)
+    key = (d2.view(torch.int32).to(torch.int64) << 32) | torch.arange(d2.shape[2], dtype=torch.int64)
+    smallest = torch.topk(key, 3, dim=2, largest=False, sorted=True).values
+    idx = (smallest & 0xFFFFFFFF).int()
+    dist2 = torch.gather(d2, 2, idx.long())
+    return dist2, torch.where(torch.isfinite(dist2), idx, torch.full_like(idx, -1))
+
+
+def _full_peer(inputs, nearest):
     """Every [B, N, M] distance at once."""
     unknown, known = (peer_tensor(inputs[k]).float() for k in ("unknown", "known"))
-    return lambda: _nearest(unknown, known)
+    return lambda: nearest(unknown, known)
 
 
-def _chunked_peer(inputs, chunk=256):
+def _chunked_peer(inputs, nearest, chunk=256):
     """In chunks of unknown points (what a PointNet++ without custom ops writes to bound the
     [N, M] temporaries)."""
     import torch
@@ -78,7 +98,7 @@ def _chunked_peer(inputs, chunk=256):
     unknown, known = (peer_tensor(inputs[k]).float() for k in ("unknown", "known"))
 
     def run():
-        parts = [_nearest(unknown[:, n0:n0 + chunk], known) for n0 in range(0, unknown.shape[1], chunk)]
+        parts = [nearest(unknown[:, n0:n0 + chunk], known) for n0 in range(0, unknown.shape[1], chunk)]
         return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
     return run
