@@ -47,10 +47,10 @@ def reference(inputs, params):
 
 def peers(inputs, params):
     """Stock PyTorch formulations of the same result. topk's order among equal distances is
-    unspecified (the grid cases have ties), so they rank an int64 key: the distance's float32
-    bits (monotonic for non-negative floats) above the point's index, whose smallest three are
-    mmcv's lower-index-first order; or, as a PyTorch user would write it, a stable sort.
-    Squared distances as (x - y)^2 summed: exact on the grid, as the kernel's."""
+    unspecified (the grid cases have ties), so the topk peers rank an int64 key: the distance's
+    float32 bits (monotonic for non-negative floats) above the point's index, whose smallest
+    three are mmcv's lower-index-first order; the sort peer, as a PyTorch user would write it,
+    sorts stably. Distances exact on the grid, as the kernel's."""
     return {"chunked+topk": _chunked_peer(inputs, _nearest_topk), "full+topk": _full_peer(inputs, _nearest_topk),
             "chunked+sort": _chunked_peer(inputs, _nearest)}
 
@@ -73,15 +73,19 @@ def _nearest(unknown, known):
 
 
 def _nearest_topk(unknown, known):
-    """The same by topk over unique int64 keys (distance bits << 32 | index)."""
+    """The same by torch.cdist (its difference-based mode: no matmul rounding) and topk over
+    unique int64 keys (distance bits << 32 | index); the three squared distances recomputed
+    from the chosen points."""
     import torch
 
-    d2 = _distances(unknown, known)
-    key = (d2.view(torch.int32).to(torch.int64) << 32) | torch.arange(d2.shape[2], dtype=torch.int64)
-    smallest = torch.topk(key, 3, dim=2, largest=False, sorted=True).values
-    idx = (smallest & 0xFFFFFFFF).int()
-    dist2 = torch.gather(d2, 2, idx.long())
-    return dist2, torch.where(torch.isfinite(dist2), idx, torch.full_like(idx, -1))
+    dist = torch.cdist(unknown, known, compute_mode="donot_use_mm_for_euclid_dist")  # [B, n, M]
+    dist = torch.where(torch.isfinite(dist), dist, torch.full_like(dist, float("inf")))
+    key = (dist.view(torch.int32).to(torch.int64) << 32) | torch.arange(dist.shape[2], dtype=torch.int64)
+    idx = (torch.topk(key, 3, dim=2, largest=False, sorted=True).values & 0xFFFFFFFF).long()  # [B, n, 3]
+    chosen = torch.gather(known, 1, idx.reshape(idx.shape[0], -1, 1).expand(-1, -1, 3)).view(*idx.shape, 3)
+    dist2 = (unknown[:, :, None] - chosen).square().sum(-1)
+    dist2 = torch.where(torch.isfinite(torch.gather(dist, 2, idx)), dist2, torch.full_like(dist2, float("inf")))
+    return dist2, torch.where(torch.isfinite(dist2), idx.int(), torch.full_like(idx, -1).int())
 
 
 def _full_peer(inputs, nearest):
