@@ -1,6 +1,6 @@
 """Schedule recipes for voxel_pooling_backward (knobs: schedules/voxel_pooling_backward.yaml)."""
 
-from ..voxel_pooling_forward.schedule import _vectorize_channels
+from ..voxel_pooling_forward.schedule import vectorize_channels
 from .compute import llvm_ir
 
 
@@ -12,7 +12,7 @@ def llvm(sch, kernel, model, plan):
     ir = llvm_ir(model.features(), plan["vec"], plan["stream"])
     if ir:
         sch.annotate(t, "pragma_import_llvm", ir)
-    _vectorize_channels(sch, sch.get_loops(sch.get_sblock("copy"))[-1], model, plan)
+    vectorize_channels(sch, sch.get_loops(sch.get_sblock("copy"))[-1], model, plan)
 
 
 def cuda(sch, kernel, model, plan):

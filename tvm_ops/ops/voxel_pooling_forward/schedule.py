@@ -1,7 +1,7 @@
 """Schedule recipes for voxel_pooling_forward (knobs: schedules/voxel_pooling_forward.yaml)."""
 
 
-def _vectorize_channels(sch, loop, model, plan):
+def vectorize_channels(sch, loop, model, plan):
     """The channel-vector loop (plan["vec"] wide) in SIMD registers of the target's width."""
     lanes = model.lanes("float32")
     if lanes < plan["vec"]:
@@ -14,7 +14,7 @@ def _vectorize_own_lane_adds(sch, block, model, plan):
     only its own element, so hiding the read of `out` (read 0) is safe and lets `vectorize`
     accept the block."""
     sch.unsafe_hide_buffer_access(block, "read", [0])
-    _vectorize_channels(sch, sch.get_loops(block)[-1], model, plan)
+    vectorize_channels(sch, sch.get_loops(block)[-1], model, plan)
 
 
 def llvm(sch, kernel, model, plan):
@@ -67,7 +67,7 @@ def llvm(sch, kernel, model, plan):
         sch.reorder(b, cg, n, cw, c1)
         owner = sch.fuse(b, cg)
     sch.parallel(owner)
-    _vectorize_channels(sch, c1, model, plan)
+    vectorize_channels(sch, c1, model, plan)
     points = n
     if plan["unroll_points"] > 1:
         # several points in flight: their random output rows are fetched in parallel
