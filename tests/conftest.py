@@ -56,17 +56,17 @@ def use_knobs(monkeypatch, op, knobs: dict) -> None:
     op.clear_call_cache()  # calls remembered under other knobs would run their kernels
 
 
-def assert_close(a, b, what=""):
+def assert_close(a, b, what="", atol=1e-5):
     """The tolerance of the torch functions' training comparisons."""
     import torch
 
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
 def assert_trains_alike(ours, theirs, inputs: tuple, target, steps: int = 5, lr: float = 0.5) -> None:
     """Train two models with the same weights `steps` SGD steps on mse(model(*inputs), target):
     outputs, losses, every gradient (present, not all zero) and every parameter agree at each
-    step."""
+    step (rtol 1e-4; atol 1e-5 for outputs and gradients, 1e-6 for losses and parameters)."""
     import torch
 
     optimisers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (ours, theirs)]
@@ -79,14 +79,14 @@ def assert_trains_alike(ours, theirs, inputs: tuple, target, steps: int = 5, lr:
             loss.backward()
             results.append((out, loss))
         assert_close(results[0][0], results[1][0], f"step {step} output")
-        assert_close(results[0][1], results[1][1], f"step {step} loss")
+        assert_close(results[0][1], results[1][1], f"step {step} loss", atol=1e-6)
         for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
             assert_close(p.grad, q.grad, f"step {step} grad {name}")
         for opt in optimisers:
             opt.step()
         for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            assert_close(p, q, f"step {step} parameter {name}")
+            assert_close(p, q, f"step {step} parameter {name}", atol=1e-6)
 
 
 def assert_compiles_alike(model, inputs: tuple) -> None:
@@ -102,6 +102,7 @@ def assert_compiles_alike(model, inputs: tuple) -> None:
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     out = compiled(*inputs)
     out.square().mean().backward()
-    assert_close(out, eager, "output")
+    # the same kernels run either way: torch's default float32 tolerances
+    torch.testing.assert_close(out, eager)
     for p, g in zip(model.parameters(), eager_grads):
-        assert_close(p.grad, g, "gradient")
+        torch.testing.assert_close(p.grad, g)

@@ -8,6 +8,8 @@ nn = torch.nn
 
 import tvm_ops.functional as tf  # noqa: E402
 
+from .conftest import assert_trains_alike  # noqa: E402
+
 
 # --- stock PyTorch border align (bilinear gathers, max over the samples), from the math -------
 def stock_border_align(input, boxes, pool_size):
@@ -15,7 +17,6 @@ def stock_border_align(input, boxes, pool_size):
     and the max (whose gradient goes to the first maximal sample, as the argmax rule)."""
     N, Q, H, W = input.shape
     C = Q // 4
-    K = boxes.shape[1]
     feat = input.view(N, 4, C, H * W)
     values = []
     for i in range(pool_size + 1):
@@ -90,24 +91,8 @@ def test_border_branch_trains_the_same_as_stock_pytorch():
     image = torch.randn(N, 6, H, W, generator=g)
     boxes = make_boxes(N, H, W, seed=4, spill=2.0)  # some corners outside the map
     target = torch.randn(N, 3, H * W, generator=g)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.3) for m in (ours, theirs)]
     start = {k: v.clone() for k, v in ours.state_dict().items()}
-    for step in range(5):
-        results = []
-        for model, opt in zip((ours, theirs), opts):
-            opt.zero_grad()
-            out = model(image, boxes)
-            loss = torch.nn.functional.mse_loss(out, target)
-            loss.backward()
-            results.append((out, loss))
-        torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)
-        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step} {name}: {m}")
-        for opt in opts:
-            opt.step()
-        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=lambda m: f"step {step} {name}: {m}")
+    assert_trains_alike(ours, theirs, (image, boxes), target, lr=0.3)
     assert not torch.equal(ours.features.weight, start["features.weight"])
 
 

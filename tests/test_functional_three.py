@@ -9,6 +9,8 @@ nn = torch.nn
 
 import tvm_ops.functional as tf  # noqa: E402
 
+from .conftest import assert_compiles_alike, assert_trains_alike  # noqa: E402
+
 
 # --- stock PyTorch three_nn / three_interpolate, from the math ----------------------------
 def stock_three_nn(unknown, known):
@@ -64,19 +66,8 @@ def test_feature_propagation_trains_the_same_as_stock_pytorch():
     theirs = FeaturePropagation(stock_three_nn, stock_three_interpolate)
     theirs.load_state_dict(ours.state_dict())
     dense_xyz, coarse_xyz, skip, coarse_in, target = problem()
-    opts = [torch.optim.SGD(m.parameters(), lr=0.2) for m in (ours, theirs)]
     start = {k: v.clone() for k, v in ours.state_dict().items()}
-    for step in range(5):
-        losses = []
-        for model, opt in zip((ours, theirs), opts):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(dense_xyz, coarse_xyz, skip, coarse_in), target)
-            loss.backward()
-            opt.step()
-            losses.append(loss)
-        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-6, msg=lambda m: f"step {step}: {m}")
-        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=lambda m: f"step {step} {name}: {m}")
+    assert_trains_alike(ours, theirs, (dense_xyz, coarse_xyz, skip, coarse_in), target, lr=0.2)
     for name, value in ours.state_dict().items():
         assert not torch.equal(value, start[name]), f"{name} did not move"
 
@@ -139,21 +130,7 @@ def test_feature_propagation_compiles_without_graph_breaks():
     torch.manual_seed(6)
     module = FeaturePropagation(tf.three_nn, tf.three_interpolate)
     inputs = problem(seed=7)
-    target = inputs[-1]
-
-    def loss_of(model):
-        return torch.nn.functional.mse_loss(model(*inputs[:-1]), target)
-
-    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
-    loss = loss_of(compiled)
-    loss.backward()
-    compiled_grads = [p.grad.clone() for p in module.parameters()]
-    module.zero_grad()
-    eager = loss_of(module)
-    eager.backward()
-    torch.testing.assert_close(loss, eager)
-    for ours, theirs in zip(compiled_grads, (p.grad for p in module.parameters())):
-        torch.testing.assert_close(ours, theirs)
+    assert_compiles_alike(module, inputs[:-1])
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):
