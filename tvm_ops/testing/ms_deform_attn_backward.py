@@ -81,6 +81,21 @@ def msda_pytorch(value, shapes, loc, attn):
 REFERENCE_CHUNK = 1 << 22  # samples x channels per step: bounds the reference's memory
 
 
+def query_blocks(value, spatial_shapes, level_start_index, sampling_loc):
+    """(b, a slice of queries, level shapes [L, 2], level starts [L]) covering every sample in
+    blocks of at most REFERENCE_CHUNK samples x channels; nothing when any dimension is 0."""
+    B, K, H, C = np.shape(value)
+    _, Q, _, L, P, _ = np.shape(sampling_loc)
+    if min(B, Q, H, L, P, C, K) == 0:
+        return
+    levels = np.asarray(spatial_shapes, np.int64).reshape(L, 2)
+    start = np.asarray(level_start_index, np.int64).reshape(L)
+    step = max(1, REFERENCE_CHUNK // max(1, H * L * P * C))
+    for b in range(B):
+        for q0 in range(0, Q, step):
+            yield b, slice(q0, min(Q, q0 + step)), levels, start
+
+
 def gradients(value, spatial_shapes, level_start_index, sampling_loc, attn_weight, grad_output):
     value = np.asarray(value, np.float64)
     B, K, H, C = value.shape
@@ -89,18 +104,11 @@ def gradients(value, spatial_shapes, level_start_index, sampling_loc, attn_weigh
     gloc = np.zeros((B, Q, H, L, P, 2))
     gattn = np.zeros((B, Q, H, L, P))
     out = {"grad_value": gv.reshape(value.shape), "grad_sampling_loc": gloc, "grad_attn_weight": gattn}
-    if min(B, Q, H, L, P, C, K) == 0:
-        return out
-    levels = np.asarray(spatial_shapes, np.int64).reshape(L, 2)
-    start = np.asarray(level_start_index, np.int64).reshape(L)
-    step = max(1, REFERENCE_CHUNK // max(1, H * L * P * C))
-    for b in range(B):
-        for q0 in range(0, Q, step):
-            q = slice(q0, min(Q, q0 + step))
-            _reference_chunk(value[b], levels, start, np.asarray(sampling_loc[b, q]),
-                             np.asarray(attn_weight[b, q], np.float64),
-                             np.asarray(grad_output[b, q], np.float64),
-                             gv.reshape(B, K * H, C)[b], gloc[b, q], gattn[b, q])
+    for b, q, levels, start in query_blocks(value, spatial_shapes, level_start_index, sampling_loc):
+        _reference_chunk(value[b], levels, start, np.asarray(sampling_loc[b, q]),
+                         np.asarray(attn_weight[b, q], np.float64),
+                         np.asarray(grad_output[b, q], np.float64),
+                         gv.reshape(B, K * H, C)[b], gloc[b, q], gattn[b, q])
     return out
 
 
@@ -144,7 +152,7 @@ def corners(value, levels, start, loc):
 
 def bilinear_samples(value, levels, start, loc):
     """The bilinear samples [q, H, L, P, C] of a block of samples (0 where skipped)."""
-    inside, _, _, found = corners(value, levels, start, loc)
+    *_, found = corners(value, levels, start, loc)
     return sum(weight[..., None] * v for weight, _, _, v in found)
 
 
