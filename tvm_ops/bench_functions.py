@@ -92,10 +92,12 @@ def _network_cases(op, device: str, case_name: str | None):
 
 
 def _costs(forward, backward, shape, forward_params=None, backward_params=None) -> dict:
-    """{"forward": (io, ops), "train": (io, ops)} of the kernels each mode runs (float32)."""
+    """{"forward": (io, ops), "train": (io, ops)} of the kernels each mode runs (float32); a
+    step's ops are unknown (None) when either spec has no ops formula."""
     fwd = forward.spec.theory(shape, 4, forward_params)
     bwd = backward.spec.theory(shape, 4, backward_params)
-    return {"forward": fwd, "train": (fwd[0] + bwd[0], fwd[1] + bwd[1])}
+    ops = None if None in (fwd[1], bwd[1]) else fwd[1] + bwd[1]
+    return {"forward": fwd, "train": (fwd[0] + bwd[0], ops)}
 
 
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
@@ -173,10 +175,8 @@ def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_
         def peer(feat):
             return voxel_pool_pytorch(geom, feat, *voxel_num, "index_add_")[0].permute(0, 3, 1, 2)
 
-        # the backward's sizes: B, N, C of the points and the forward's grid (Y, X); no ops formulas
-        fwd = forward.spec.theory(case.shape, 4, params)
-        bwd = backward.spec.theory(case.shape, 4)
-        costs = {"forward": fwd, "train": (fwd[0] + bwd[0], None)}
+        # the backward's sizes: B, N, C of the points and the forward's grid (Y, X)
+        costs = _costs(forward, backward, case.shape, params)
         yield from _timed("voxel_pooling", case, ours, peer, "index_add_", leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 

@@ -40,8 +40,8 @@ def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn") -> Tenso
     for CPU tensors and once per tensor and version for CUDA ones (the converted tensor is kept
     with them, so the kernels' own value checks find it again: no per-call synchronisation)."""
     tensor = tensor.detach()
-    if tensor.dtype == torch.int32 or tensor.dtype != torch.int64:
-        return tensor  # other dtypes: the operator's checks name them
+    if tensor.dtype != torch.int64:
+        return tensor  # int32 as it is; other dtypes: the operator's checks name them
     if tensor.device.type == "cpu":
         _require_int32(tensor.numpy(), name, function)
         return tensor.to(torch.int32)

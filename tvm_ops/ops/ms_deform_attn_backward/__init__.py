@@ -62,7 +62,8 @@ from .compute import KERNELS, cpu_backward_compute, cuda_backward_compute
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
-    """True: use the `backward_private` CPU kernel (and replaces the zero-fill by a write-back) (ms_deform_attn_sampling.private_slice)."""
+    """True: use the `backward_private` CPU kernel (ms_deform_attn_sampling.private_slice); its
+    write-back of the private slice replaces the zero-fill of grad_value."""
     return private_slice(sizes, plan)
 
 
