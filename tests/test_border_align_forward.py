@@ -143,3 +143,13 @@ def test_channels_first_input_views_give_the_same_bits():
     got = tvm_ops.border_align_forward(nchw.transpose(0, 2, 3, 1), one_boxes, 3)
     want = tvm_ops.border_align_forward(one_row, one_boxes, 3)
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_dtype_and_zero_element_checks():
+    feat, boxes = make(1, 3, 4, 8)
+    with pytest.raises(tvm_ops.BadParamError, match=r"boxes must have the dtype of input \(float32\), got float16"):
+        tvm_ops.border_align_forward(feat, boxes.astype(np.float16), 4)
+    with pytest.raises(tvm_ops.BadParamError, match=r"must be non-zero, got N=0"):
+        tvm_ops.border_align_forward(feat[:0], boxes[:0], 4)
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['argmax_idx'\]"):
+        tvm_ops.border_align_forward(feat, boxes, 4, out=(None, np.empty((1, 12, 4, 8), np.float32)))

@@ -136,3 +136,32 @@ def test_torch_in_torch_out():
     out = tvm_ops.ms_deform_attn_forward(*(torch.from_numpy(a) for a in args))
     assert isinstance(out, torch.Tensor)
     check_against_reference(args, out.numpy())
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (lambda a: a.__setitem__(1, np.array([[3, 4], [2, 2]], np.int32)),
+     r"value.shape\[1\] \(K\) must equal sum\(h\*w\) of spatial_shapes = 16, got 14"),
+    (lambda a: a.__setitem__(1, np.array([[-3, -4], [2, 1]], np.int32)), r"spatial_shapes must be non-negative"),
+    (lambda a: a.__setitem__(3, a[3].astype(np.float16)),
+     r"sampling_loc must have the dtype of value \(float32\), got float16"),
+    (lambda a: a.__setitem__(4, a[4][..., :2]),
+     r"attn_weight.shape\[4\] \(P\) must equal sampling_loc.shape\[4\] = 3, got 2"),
+    (lambda a: a.__setitem__(2, a[2].astype(np.int64)), r"level_start_index must have dtype int32, got int64"),
+])
+def test_bad_inputs_name_the_tensor(change, pattern):
+    args = forward_args(2, [[3, 4], [1, 2]], 5, 2, 6, 3)
+    change(args)
+    with pytest.raises(tvm_ops.BadParamError, match=pattern):
+        tvm_ops.ms_deform_attn_forward(*args)
+
+
+def test_im2col_step_must_divide_the_batch_and_zero_elements_are_refused():
+    args = forward_args(6, [[2, 2]], 2, 1, 3, 1)
+    with pytest.raises(tvm_ops.BadParamError, match=r"min\(B, im2col_step\) = 4 must divide value.shape\[0\] \(B\) = 6"):
+        tvm_ops.ms_deform_attn_forward(*args, im2col_step=4)
+    with pytest.raises(tvm_ops.BadParamError, match=r"im2col_step must be >= 1, got 0"):
+        tvm_ops.ms_deform_attn_forward(*args, im2col_step=0)
+    with pytest.raises(tvm_ops.BadParamError, match=r"B, C, H, Q must be non-zero, got B=1, C=0"):
+        tvm_ops.ms_deform_attn_forward(*forward_args(1, [[3, 4]], 3, 2, 0, 2))
+    with pytest.raises(tvm_ops.BadParamError, match=r"out\['output'\]"):
+        tvm_ops.ms_deform_attn_forward(*args, out=np.empty((6, 2, 1, 4), np.float32))
