@@ -30,8 +30,9 @@ def stock_border_align(input, boxes, pool_size):
             if i == pool_size:
                 x, y = ex, ey
             else:
-                x = sx + i * ((ex - sx) / pool_size) if s % 2 == 0 else sx
-                y = sy + i * ((ey - sy) / pool_size) if s % 2 == 1 else sy
+                # start + i * step, the float32 step and the sum rounded once (the contract)
+                x = (sx.double() + i * ((ex - sx) / pool_size).double()).float() if s % 2 == 0 else sx
+                y = (sy.double() + i * ((ey - sy) / pool_size).double()).float() if s % 2 == 1 else sy
             per_border.append(bilinear(feat[:, s], y, x, H, W))  # [N, C, K]
         values.append(torch.stack(per_border, -1))  # [N, C, K, 4]
     return torch.stack(values, -1).max(-1).values

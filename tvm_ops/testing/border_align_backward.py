@@ -87,21 +87,30 @@ def border_sample(x0, y0, x1, y1, i, pool_size, where):
     A border moves along one axis from its start corner to its end corner: top (x0, y0) ->
     (x1, y0), left (x0, y0) -> (x0, y1), bottom (x1, y1) -> (x0, y1), right (x1, y1) ->
     (x1, y0). Along that axis a = start + i * ((end - start) / pool_size) (SPEC_NOTES'
-    start + i * step), except a = end at i == pool_size: the product can round past the end
+    start + i * step, rounded once: `along`), except a = end at i == pool_size: the product can round past the end
     corner, and an end corner exactly on -1, H or W would then drop out of the map. The
     other axis is the start corner's, untouched (no 0 * width: inf * 0 is NaN)."""
     cat = (lambda parts: np.concatenate(parts, -2)) if where is np.where else _torch_cat
     sx, sy = cat([x0, x0, x1, x1]), cat([y0, y0, y1, y1])
     ex, ey = cat([x1, x0, x0, x1]), cat([y0, y1, y1, y0])
-    fi = i.astype(sx.dtype) if where is np.where else i.to(sx.dtype)
     moves_x = (np.arange(4) % 2 == 0)[:, None]
     if where is not np.where:
         import torch
 
         moves_x = torch.from_numpy(moves_x)
-    x = where(moves_x, where(i == pool_size, ex, sx + fi * ((ex - sx) / pool_size)), sx)
-    y = where(~moves_x, where(i == pool_size, ey, sy + fi * ((ey - sy) / pool_size)), sy)
+    x = where(moves_x, where(i == pool_size, ex, along(sx, ex, i, pool_size)), sx)
+    y = where(~moves_x, where(i == pool_size, ey, along(sy, ey, i, pool_size)), sy)
     return x, y
+
+
+def along(start, end, i, pool_size):
+    """start + i * ((end - start) / pool_size) in start's dtype, the step rounded to it and the
+    sum rounded once (through float64, where the product is exact): the kernels' sample_xy,
+    whether or not their compiler fuses the multiply-add. numpy arrays or torch tensors."""
+    step = (end - start) / pool_size
+    if isinstance(start, np.ndarray):
+        return (start.astype(np.float64) + i.astype(np.float64) * step.astype(np.float64)).astype(start.dtype)
+    return (start.double() + i.double() * step.double()).to(start.dtype)
 
 
 def _torch_cat(parts):

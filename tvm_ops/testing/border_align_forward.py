@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import peer_tensor
-from .border_align_backward import border_sample, box_layout
+from .border_align_backward import along, border_sample, box_layout
 
 
 def make_inputs(case, dtype, rng):
@@ -104,10 +104,9 @@ def _torch_samples(feat, boxes, pool_size, i, gather="indexing"):
     starts = [torch.cat(parts, 2) for parts in ((x0, x0, x1, x1), (y0, y0, y1, y1))]
     ends = [torch.cat(parts, 2) for parts in ((x1, x0, x0, x1), (y0, y1, y1, y0))]
     moves_x = (torch.arange(4) % 2 == 0).view(1, 1, 4, 1, 1)
-    fi = i.float()
-    along = [torch.where(i == pool_size, e, s + fi * ((e - s) / pool_size)) for s, e in zip(starts, ends)]
-    x = torch.where(moves_x, along[0], starts[0])
-    y = torch.where(~moves_x, along[1], starts[1])  # [N, K, 4, P+1, 1]
+    moved = [torch.where(i == pool_size, e, along(s, e, i, pool_size)) for s, e in zip(starts, ends)]
+    x = torch.where(moves_x, moved[0], starts[0])
+    y = torch.where(~moves_x, moved[1], starts[1])  # [N, K, 4, P+1, 1]
     ok = (y >= -1) & (y <= h) & (x >= -1) & (x <= w)
     y = torch.where(ok, y.clamp(min=0), 0)
     x = torch.where(ok, x.clamp(min=0), 0)
