@@ -149,6 +149,8 @@ def test_no_device_to_host_copy_in_a_repeated_cuda_call():
 
     for name in NAMES:
         op = get(name)
+        if op.spec.counted:
+            continue  # reading its data-dependent output sizes is the call's one synchronisation
         inputs, params = generated(op, first_ok(op))
         tensors = {k: torch.from_numpy(v).cuda() for k, v in inputs.items()}
         first = op.call(tensors, params, "cuda", {})

@@ -103,7 +103,8 @@ def test_a_failure_exits_non_zero_with_one_line(args):
 
 @requires_torch
 @pytest.mark.parametrize("function, case", [("ms_deform_attn", "net_detr_decoder_reduced"),
-                                            ("voxel_pooling", "net_2x20000x80_128x128x1")])
+                                            ("voxel_pooling", "net_2x20000x80_128x128x1"),
+                                            ("dynamic_scatter", "net_b2_4980x64_m4212")])
 def test_bench_functions_times_forward_and_training_step_against_pytorch(function, case):
     done = cli("bench", "--functions", "--case", case, "--repeat", "1")
     assert done.returncode == 0, done.stderr

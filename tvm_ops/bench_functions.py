@@ -207,5 +207,32 @@ def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, c
                           bandwidth, peak)
 
 
+def dynamic_scatter_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
+    """FunctionLines of tvm_ops.functional.dynamic_scatter vs the fastest stock formulation of
+    the forward's bench (torch.unique of an int64 key per row, scatter_reduce / index_add),
+    run through autograd."""
+    import torch
+
+    from . import functional
+    from .testing.dynamic_scatter_forward import dynamic_scatter_pytorch
+
+    forward, backward, device, peak = _ops_device_peak("dynamic_scatter_forward", "dynamic_scatter_backward", model)
+    for case, _, params, t in _network_cases(forward, device, case_name):
+        reduce_type, coors = params["reduce_type"], t["coors"]
+        leaves = [t["feats"].clone().requires_grad_(True)]
+        grad = torch.randn(case.shape["M"], case.shape["C"], device=device)
+
+        def ours(feats):
+            return functional.dynamic_scatter(feats, coors, reduce_type)[0]
+
+        def peer(feats):
+            return dynamic_scatter_pytorch(feats, coors, reduce_type)[0]
+
+        costs = _costs(forward, backward, case.shape, params, params)
+        yield from _timed("dynamic_scatter", case, ours, peer, "key+unique", leaves, grad, costs, repeat, device,
+                          bandwidth, peak)
+
+
 FUNCTIONS = {"ms_deform_attn": ms_deform_attn_cases, "border_align": border_align_cases,
-             "voxel_pooling": voxel_pooling_cases, "three_interpolate": three_interpolate_cases}
+             "voxel_pooling": voxel_pooling_cases, "three_interpolate": three_interpolate_cases,
+             "dynamic_scatter": dynamic_scatter_cases}

@@ -126,7 +126,7 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
         if t.name in given:
             bind(given[t.name].name, t.dims, given[t.name].shape)
     for t in spec.outputs:
-        unbound = [d for d in t.dims if isinstance(d, str) and d not in sizes]
+        unbound = [d for d in t.dims if isinstance(d, str) and d not in sizes and d not in spec.counted]
         if unbound:
             raise BadParamError(f"{op}: cannot tell {', '.join(unbound)} of {t.name}: pass it or out=")
     float_dtype = dtypes[spec.inputs[0].name]
@@ -135,6 +135,8 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
         op_rules(problem)
     # 6. large tensors
     for t in spec.inputs + spec.outputs:
+        if any(d in spec.counted and d not in sizes for d in t.dims):
+            continue  # sized by the kernels' count, within what the inputs hold
         shape = [d if isinstance(d, int) else sizes[d] for d in t.dims]
         count = math.prod(shape)
         if count >= LARGE_TENSOR:
@@ -146,6 +148,11 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
         got = ", ".join(f"{s}={sizes[s]}" for s in spec.zero_bad_param)
         raise BadParamError(f"{op}: {', '.join(spec.zero_bad_param)} must be non-zero, got {got}")
     problem.empty = problem.empty or any(sizes[s] == 0 for s in spec.zero_empty_success)
+    if problem.empty:  # nothing to count: counted sizes are 0
+        for s in spec.counted:
+            if sizes.setdefault(s, 0) != 0:
+                raise BadParamError(f"{op}: {s} is 0 when {', '.join(spec.zero_empty_success)} is 0, got "
+                                    f"{sizes[s]} from {source[s]}")
     return problem
 
 
@@ -154,6 +161,7 @@ def _output_symbols(spec: OpSpec, given: dict) -> set:
 
 
 def output_shape(spec: OpSpec, name: str, sizes: dict) -> tuple:
+    """The shape of output `name` for `sizes` (which must hold every symbol of it)."""
     return tuple(d if isinstance(d, int) else sizes[d] for d in spec.tensor(name).dims)
 
 

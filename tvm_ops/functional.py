@@ -18,8 +18,8 @@ from torch import Tensor
 from . import interop
 from .errors import BadParamError
 
-__all__ = ["BorderAlign", "MultiScaleDeformableAttnFunction", "border_align", "ms_deform_attn", "three_interpolate",
-           "three_nn", "voxel_pooling", "voxel_pooling_train"]
+__all__ = ["BorderAlign", "DynamicScatter", "MultiScaleDeformableAttnFunction", "border_align", "dynamic_scatter",
+           "ms_deform_attn", "three_interpolate", "three_nn", "voxel_pooling", "voxel_pooling_train"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -394,3 +394,92 @@ def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tens
     Differentiable in features (the backward is tvm_ops.three_interpolate_backward with
     m = M); as mmcv's, no gradient flows to weight. Rules: tvm_ops.three_interpolate_forward."""
     return _three_interpolate_forward(features, indices, weight)
+
+
+# --- dynamic scatter (MVXNet's dynamic voxel feature encoder) --------------------------------
+
+
+@torch.library.custom_op("tvm_ops::dynamic_scatter_forward", mutates_args=())
+def _scatter_forward(feats: Tensor, coors: Tensor, reduce_type: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from .ops.dynamic_scatter_forward import dynamic_scatter_forward
+
+    return dynamic_scatter_forward(_kernel_input(feats), _int32(coors, "coors", "dynamic_scatter"), reduce_type,
+                                   target=_target(feats))
+
+
+@_scatter_forward.register_fake
+def _scatter_forward_shape(feats, coors, reduce_type):
+    # the number of voxels depends on the coordinates' values: an unbacked symbolic size
+    voxels = torch.library.get_ctx().new_dynamic_size()
+    int32 = torch.int32
+    return (feats.new_empty((voxels, feats.shape[1])), coors.new_empty((voxels, coors.shape[1]), dtype=int32),
+            coors.new_empty((coors.shape[0],), dtype=int32), coors.new_empty((voxels,), dtype=int32))
+
+
+@torch.library.custom_op("tvm_ops::dynamic_scatter_backward", mutates_args=())
+def _scatter_backward(grad_voxel_feats: Tensor, feats: Tensor, voxel_feats: Tensor, point2voxel_map: Tensor,
+                      voxel_points_count: Tensor, reduce_type: str) -> Tensor:
+    from .ops.dynamic_scatter_backward import dynamic_scatter_backward
+
+    return dynamic_scatter_backward(_kernel_input(grad_voxel_feats), _kernel_input(feats), _kernel_input(voxel_feats),
+                                    point2voxel_map.detach(), voxel_points_count.detach(), None, reduce_type,
+                                    target=_target(feats))
+
+
+@_scatter_backward.register_fake
+def _scatter_backward_shape(grad_voxel_feats, feats, voxel_feats, point2voxel_map, voxel_points_count, reduce_type):
+    return torch.empty_like(feats)
+
+
+def _scatter_setup_context(ctx, inputs, output):
+    feats, _coors, reduce_type = inputs
+    voxel_feats, _voxel_coors, point2voxel_map, voxel_points_count = output
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(feats, voxel_feats, point2voxel_map, voxel_points_count)
+    ctx.reduce_type = reduce_type
+
+
+def _scatter_grad(ctx, grad_voxel_feats, _grad_coors, _grad_map, _grad_count):
+    feats, voxel_feats, point2voxel_map, voxel_points_count = ctx.saved_tensors
+    grad_feats = _scatter_backward(grad_voxel_feats.contiguous(), feats, voxel_feats, point2voxel_map,
+                                   voxel_points_count, ctx.reduce_type)
+    return grad_feats, None, None
+
+
+_scatter_forward.register_autograd(_scatter_grad, setup_context=_scatter_setup_context)
+
+
+def dynamic_scatter(feats: Tensor, coors: Tensor, reduce_type: str = "max") -> tuple[Tensor, Tensor]:
+    """mmcv's `dynamic_scatter` (DynamicScatterFunction.apply): feats [N, C] float32, coors
+    [N, D] (int32, or int64 that fits) -> (voxel_feats [M, C], voxel_coors [M, D] int32): the
+    distinct coordinate rows of the points without a negative coordinate, in lexicographic
+    order, and the max, sum or mean of each one's points' features (in point order: the same
+    bits every run, on CPU and CUDA). Differentiable in feats (the backward is
+    tvm_ops.dynamic_scatter_backward over the point2voxel_map and voxel_points_count the
+    forward saved). M depends on the values: on CUDA reading it is the call's one host
+    synchronisation; under torch.compile it is an unbacked symbolic size. Rules:
+    tvm_ops.dynamic_scatter_forward."""
+    voxel_feats, voxel_coors, _, _ = _scatter_forward(feats, coors, reduce_type)
+    return voxel_feats, voxel_coors
+
+
+class DynamicScatter(torch.nn.Module):
+    """mmcv's `DynamicScatter(voxel_size, point_cloud_range, average_points)` layer:
+    forward(points, coors) = dynamic_scatter(points, coors, "mean" if average_points else
+    "max"). voxel_size and point_cloud_range are kept for the interface (the coordinates
+    arrive already voxelised). Batched coordinates [N, 4] (batch, z, y, x) are scattered in
+    one call: the voxels of every sample, batch index first; mmcv loops over the batch indices
+    0 .. coors[-1, 0], which gives the same result when the last point holds the largest
+    batch index (mmdet3d's order)."""
+
+    def __init__(self, voxel_size, point_cloud_range, average_points: bool):
+        super().__init__()
+        self.voxel_size, self.point_cloud_range = voxel_size, point_cloud_range
+        self.average_points = bool(average_points)
+
+    def forward(self, points: Tensor, coors: Tensor) -> tuple[Tensor, Tensor]:
+        return dynamic_scatter(points, coors, "mean" if self.average_points else "max")
+
+    def extra_repr(self) -> str:
+        return (f"voxel_size={self.voxel_size}, point_cloud_range={self.point_cloud_range}, "
+                f"average_points={self.average_points}")

@@ -25,10 +25,25 @@ def new_tensors(problem: checks.Problem, specs: dict, zero: bool, line_aligned: 
             for name, (shape, dtype) in specs.items()}
 
 
-def output_specs(op, problem: checks.Problem) -> dict:
-    """{name: (shape, dtype)} of the outputs the caller did not give with out=."""
-    return {t.name: (checks.output_shape(op.spec, t.name, problem.sizes), op.output_dtype(t, problem))
-            for t in op.spec.outputs if t.name not in problem.outs}
+def output_specs(op, problem: checks.Problem, sizes: dict | None = None) -> dict:
+    """{name: (shape, dtype)} of the outputs the caller did not give with out=, for `sizes`
+    (default: the problem's; an output with a counted size it lacks is left out)."""
+    sizes = problem.sizes if sizes is None else sizes
+    return {t.name: (checks.output_shape(op.spec, t.name, sizes), op.output_dtype(t, problem))
+            for t in op.spec.outputs
+            if t.name not in problem.outs and all(isinstance(d, int) or d in sizes for d in t.dims)}
+
+
+def _check_counted(op, problem: checks.Problem, counted: dict) -> None:
+    """BadParamError when an out= buffer's counted size differs from the kernels' count."""
+    for t in op.spec.outputs:
+        given = problem.outs.get(t.name)
+        if given is None:
+            continue
+        for axis, dim in enumerate(t.dims):
+            if dim in counted and given.shape[axis] != counted[dim]:
+                raise BadParamError(f"{op.name}: out[{t.name!r}].shape[{axis}] ({dim}) must be {counted[dim]}, "
+                                    f"the count of this input, got {given.shape[axis]}")
 
 
 def returned(op, tensors: dict):
@@ -67,6 +82,12 @@ class CallPlan:
         tensors.update(new_tensors(problem, self.workspaces, zero=False, line_aligned=True))
         for name in self.zeroed:
             interop.zero(tensors[name])
+        if op.spec.counted:  # data-dependent output sizes: count, then allocate the rest
+            counted = op.count(self.kernels, problem, tensors)
+            _check_counted(op, problem, counted)
+            late = output_specs(op, problem, dict(problem.sizes, **counted))
+            outputs.update(new_tensors(problem, {k: v for k, v in late.items() if k not in outputs}, zero=False))
+            tensors.update(outputs)
         op.launch(self.kernels, problem, tensors)
         return returned(op, outputs)
 

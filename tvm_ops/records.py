@@ -44,7 +44,9 @@ def problem_class(op_spec, problem) -> str:
     Parameters that define a size symbol are already in the sizes, and optional ones
     may be left to their default, so only the required non-size parameters count."""
     params = {p.name: problem.params.get(p.name) for p in op_spec.params if p.symbol is None and not p.optional}
-    return shape_class(problem.sizes, params)
+    # a counted size (data-dependent) is known to a call only when out= gives it
+    sizes = {name: size for name, size in problem.sizes.items() if name not in op_spec.counted}
+    return shape_class(sizes, params)
 
 
 _cache: dict = {}  # path -> ((mtime_ns, size), records): re-read only when the file changes

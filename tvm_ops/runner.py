@@ -73,7 +73,12 @@ def compare(op, dtype: str, results: dict, reference: dict) -> tuple[metrics.Acc
     limits = op.spec.accuracy[dtype]
     problems, worst = [], None
     for t in op.spec.outputs:
-        acc = metrics.accuracy(to_numpy(results[t.name]), reference[t.name], dtype)
+        result = to_numpy(results[t.name])
+        acc = metrics.accuracy(result, reference[t.name], dtype)
         worst = acc if worst is None or acc.diff2 > worst.diff2 else worst
-        problems += [f"{t.name}: {p}" for p in acc.failures(limits)]
+        failures = acc.failures(limits)
+        if t.name in op.spec.exact and not failures:
+            wrong = np.count_nonzero(result != reference[t.name])
+            failures += [f"{wrong} of {result.size} elements differ from the reference"] if wrong else []
+        problems += [f"{t.name}: {p}" for p in failures]
     return worst, problems

@@ -72,6 +72,8 @@ class OpSpec:
     theory_ops: str | None
     cases: tuple
     theory_io_by: dict = field(default_factory=dict)  # {str param: {value: io formula}}
+    counted: tuple = ()  # output size symbols the kernels count (data-dependent, e.g. voxels)
+    exact: tuple = ()  # outputs that must equal the reference (indices, counts)
 
     @property
     def float_dtypes(self) -> tuple:
@@ -235,6 +237,15 @@ def parse(path: Path) -> OpSpec:
         params.append(ParamSpec(name, kind, r.get("symbol", str, None), r.get("min", int, 0), choices,
                                 r.get("optional", bool, False)))
     symbols = {d for t in inputs + outputs for d in t.dims if isinstance(d, str)}
+    input_symbols = {d for t in inputs for d in t.dims if isinstance(d, str)}
+    counted = tuple(reader.get("counted", list, []))
+    for sym in counted:
+        if sym not in symbols or sym in input_symbols or any(p.symbol == sym for p in params):
+            reader.fail("counted", f"{sym!r} must be a size of outputs only (no input or parameter gives it)")
+    exact = tuple(reader.get("exact", list, []))
+    for name in exact:
+        if name not in {t.name for t in outputs}:
+            reader.fail("exact", f"{name!r} is not an output")
     zero = reader.child("zero_elements", reader.get("zero_elements", dict))
     zero_bad, zero_empty = tuple(zero.get("bad_param", list, [])), tuple(zero.get("empty_success", list, []))
     for sym in zero_bad + zero_empty:
@@ -279,7 +290,7 @@ def parse(path: Path) -> OpSpec:
             reader.fail("accuracy", f"no thresholds for {dtype}")
     cases = _cases(reader, symbols, float_dtypes)
     return OpSpec(op, path, inputs, outputs, tuple(params), zero_bad, zero_empty,
-                  accuracy, theory_io, theory_ops, cases, io_by)
+                  accuracy, theory_io, theory_ops, cases, io_by, counted, exact)
 
 
 @functools.lru_cache(maxsize=None)

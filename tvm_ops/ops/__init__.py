@@ -14,6 +14,7 @@ NAMES = (
     "border_align_backward",
     "border_align_forward",
     "dynamic_scatter_backward",
+    "dynamic_scatter_forward",
     "ms_deform_attn_backward",
     "ms_deform_attn_forward",
     "three_interpolate_backward",

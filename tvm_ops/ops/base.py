@@ -56,6 +56,12 @@ class Operator:
         zero-fills them before launch, and a replay on a remote device does the same."""
         return ()
 
+    def count(self, kernels: dict, problem: checks.Problem, tensors: dict) -> dict:
+        """{symbol: size} of the spec's `counted` sizes (data-dependent outputs): runs the
+        kernels that count, into workspaces, and reads the counts on the host. The call path
+        then allocates those outputs (or checks the out= ones) and calls launch."""
+        raise NotImplementedError
+
     def launch(self, kernels: dict, problem: checks.Problem, tensors: dict) -> None:
         """Call the kernels on `tensors`: the inputs, the outputs and the workspaces, by name.
 

@@ -149,7 +149,9 @@ class Harness:
         problem = checks.check(op.spec, on_target, params, {}, op.rules)
         # kernel-ready inputs and pre-allocated outputs, run as a call with out= (CallPlan)
         self.inputs = {name: interop.contiguous(info) for name, info in problem.inputs.items()}
-        self.results = new_tensors(problem, output_specs(op, problem), zero=True)
+        # outputs of a counted size (data-dependent) take the case's: its inputs are made to have it
+        sizes = dict(problem.sizes, **{s: case.shape[s] for s in op.spec.counted})
+        self.results = new_tensors(problem, output_specs(op, problem, sizes), zero=True)
         self.problem = checks.check(op.spec, self.inputs, params, self.results, op.rules)
         self._plan = None  # the CallPlan of the kernels run last
         self.reference = material(op).reference(inputs, params)
@@ -206,6 +208,9 @@ def trace_launch(op, problem: checks.Problem, plan: dict) -> list[tuple[str, tup
     tensors (inputs, outputs, declared workspaces) and scalars: reshaped views, host-side
     fills, workspaces it allocates itself.
     """
+    if op.spec.counted:
+        raise NotSupportedError(f"{op.name}: launch cannot run over RPC: the output sizes "
+                                f"({', '.join(op.spec.counted)}) are read on the host between its kernels")
     calls = []
 
     def recorder(name):

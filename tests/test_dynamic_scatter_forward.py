@@ -1,0 +1,170 @@
+"""dynamic_scatter_forward: both grouping plans against the float64 reference, sums in point
+order to the bit, the counted output size with out=, torch, bad input and guard regions."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tvm_ops
+from tvm_ops import runner, targets
+from tvm_ops.ops import get
+from tvm_ops.testing import material
+
+from .conftest import requires_torch, use_knobs
+
+OP = get("dynamic_scatter_forward")
+TESTING = material(OP)
+NAMES = ("voxel_feats", "voxel_coors", "point2voxel_map", "voxel_points_count")
+
+
+@pytest.fixture(params=["radix", "bitonic"])
+def grouping(request, monkeypatch):
+    """Each grouping plan on the CPU: radix (the CPU's), bitonic (the CUDA plan's kernels)."""
+    use_knobs(monkeypatch, OP, {"sort": request.param})
+    yield request.param
+    OP.clear_call_cache()
+
+
+def points(rng, n, d, extent, dropped=0.0, channels=5):
+    coors = rng.integers(0, extent, (n, d)).astype(np.int32)
+    coors[rng.random(n) < dropped, rng.integers(0, d)] = -1
+    return rng.uniform(-1, 1, (n, channels)).astype(np.float32), coors
+
+
+def assert_matches_reference(result, feats, coors, reduce_type):
+    ref = TESTING.reference({"feats": feats, "coors": coors}, {"reduce_type": reduce_type})
+    # a float32 sum of k terms is off by at most about k * 2^-24 * the sum of their magnitudes
+    magnitude = TESTING.reference({"feats": np.abs(feats), "coors": coors}, {"reduce_type": "sum"})["voxel_feats"]
+    bound = ref["voxel_points_count"][:, None] * 2.0**-23 * magnitude
+    if reduce_type != "sum":
+        bound = bound / ref["voxel_points_count"][:, None] if reduce_type == "mean" else 0 * bound
+    for name, value in zip(NAMES, result):
+        assert value.shape == ref[name].shape, name
+        if name == "voxel_feats":
+            assert (np.abs(value - ref[name]) <= bound).all()
+        else:
+            np.testing.assert_array_equal(value, ref[name], err_msg=name)
+
+
+@pytest.mark.parametrize("case", [c.name for c in OP.spec.cases if not c.heavy and c.expect == "ok"])
+def test_the_bitonic_plan_passes_every_spec_case(case, monkeypatch):
+    # the CUDA plan's grouping (network, head flags, chunked scan) run here on the CPU
+    use_knobs(monkeypatch, OP, {"sort": "bitonic"})
+    result = runner.run_case(OP, OP.spec.case(case), "float32", targets.resolve("llvm"))
+    OP.clear_call_cache()
+    assert result.verdict == "pass", result.detail
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 700), d=st.integers(1, 5), extent=st.sampled_from([1, 2, 5, 40, 2**31 - 1]),
+       dropped=st.sampled_from([0.0, 0.1, 1.0]), channels=st.sampled_from([1, 7, 16, 33]),
+       reduce_type=st.sampled_from(["max", "sum", "mean"]), seed=st.integers(0, 2**16))
+def test_random_points_match_the_reference(grouping, n, d, extent, dropped, channels, reduce_type, seed):
+    feats, coors = points(np.random.default_rng(seed), n, d, extent, dropped, channels)
+    assert_matches_reference(tvm_ops.dynamic_scatter_forward(feats, coors, reduce_type), feats, coors, reduce_type)
+
+
+def test_sum_and_mean_add_each_voxels_points_in_point_order(grouping):
+    # np.add.at on float32 adds in index order: the kernels' order, so the same bits
+    rng = np.random.default_rng(1)
+    feats, coors = points(rng, 3000, 3, 3, dropped=0.05, channels=40)
+    feats *= 10.0 ** rng.integers(-6, 6, feats.shape)  # magnitudes where the order shows
+    kept = (coors >= 0).all(1)
+    _, inverse, counts = np.unique(coors[kept], axis=0, return_inverse=True, return_counts=True)
+    ordered = np.zeros((counts.size, 40), np.float32)
+    np.add.at(ordered, inverse.reshape(-1), feats[kept])
+    total, *_ = tvm_ops.dynamic_scatter_forward(feats, coors, "sum")
+    mean, *_ = tvm_ops.dynamic_scatter_forward(feats, coors, "mean")
+    np.testing.assert_array_equal(total, ordered)
+    np.testing.assert_array_equal(mean, ordered / counts[:, None].astype(np.float32))
+
+
+def test_both_plans_give_the_same_bits(monkeypatch):
+    feats, coors = points(np.random.default_rng(2), 5000, 4, 6, dropped=0.02, channels=24)
+    results = {}
+    for sort in ("radix", "bitonic"):
+        use_knobs(monkeypatch, OP, {"sort": sort})
+        results[sort] = [tvm_ops.dynamic_scatter_forward(feats, coors, r) for r in ("max", "sum", "mean")]
+    OP.clear_call_cache()
+    for a, b in zip(results["radix"], results["bitonic"]):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_max_ignores_nan_and_keeps_minus_inf_for_an_all_nan_channel():
+    feats = np.array([[np.nan, 1.0], [np.nan, np.nan], [2.0, np.nan]], np.float32)
+    coors = np.array([[0, 0], [0, 0], [1, 0]], np.int32)
+    voxel_feats, *_ = tvm_ops.dynamic_scatter_forward(feats, coors, "max")
+    np.testing.assert_array_equal(voxel_feats, [[-np.inf, 1.0], [2.0, -np.inf]])
+    total, *_ = tvm_ops.dynamic_scatter_forward(feats, coors, "sum")
+    assert np.isnan(total).tolist() == [[True, True], [False, True]]
+
+
+def test_lexicographic_order_signed_columns_and_extreme_values():
+    big = np.iinfo(np.int32).max
+    coors = np.array([[big, 0], [0, big], [0, 0], [0, big], [5, -1], [-2**31, 3], [big, 0], [1, 2**20]], np.int32)
+    feats = np.arange(16, dtype=np.float32).reshape(8, 2)
+    _, voxel_coors, point2voxel, counts = tvm_ops.dynamic_scatter_forward(feats, coors, "sum")
+    assert voxel_coors.tolist() == [[0, 0], [0, big], [1, 2**20], [big, 0]]
+    assert point2voxel.tolist() == [3, 1, 0, 1, -1, -1, 3, 2] and counts.tolist() == [1, 2, 1, 2]
+
+
+def test_out_buffers_need_the_counted_size_and_stay_untouched_otherwise():
+    feats, coors = points(np.random.default_rng(3), 200, 3, 4, dropped=0.1)
+    expected = tvm_ops.dynamic_scatter_forward(feats, coors, "mean")
+    m = expected[0].shape[0]
+    out = tuple(np.full_like(e, -7) for e in expected)
+    result = tvm_ops.dynamic_scatter_forward(feats, coors, "mean", out=out)
+    assert all(r is o for r, o in zip(result, out))
+    for e, o in zip(expected, out):
+        np.testing.assert_array_equal(e, o)
+    wrong = np.full((m + 1, feats.shape[1]), 5.0, np.float32)
+    mapped = np.full(200, 9, np.int32)
+    with pytest.raises(tvm_ops.BadParamError, match=rf"out\['voxel_feats'\].shape\[0\] \(M\) must be {m}"):
+        tvm_ops.dynamic_scatter_forward(feats, coors, "mean", out=(wrong, None, mapped, None))
+    assert (wrong == 5.0).all() and (mapped == 9).all()  # refused before any output was written
+    with pytest.raises(tvm_ops.BadParamError, match="M is 0 when N is 0"):
+        tvm_ops.dynamic_scatter_forward(feats[:0], coors[:0], out=(np.zeros((2, 5), np.float32), None, None, None))
+    with pytest.raises(tvm_ops.BadParamError, match="out must be a 4-tuple"):
+        tvm_ops.dynamic_scatter_forward(feats, coors, out=wrong)
+
+
+def test_outputs_inside_guarded_buffers_write_nothing_outside(grouping):
+    feats, coors = points(np.random.default_rng(4), 333, 3, 5, dropped=0.2, channels=19)
+    expected = tvm_ops.dynamic_scatter_forward(feats, coors, "max")
+    guarded, views = [], []
+    for e in expected:
+        flat = np.full(e.size + 64, -99, e.dtype)
+        guarded.append(flat)
+        views.append(flat[32:32 + e.size].reshape(e.shape))
+    tvm_ops.dynamic_scatter_forward(feats, coors, "max", out=tuple(views))
+    for e, flat, view in zip(expected, guarded, views):
+        np.testing.assert_array_equal(view, e)
+        assert (flat[:32] == -99).all() and (flat[32 + e.size:] == -99).all()
+
+
+@pytest.mark.parametrize("feats, coors, reduce_type, error, message", [
+    (np.zeros((4, 2), np.float64), np.zeros((4, 3), np.int32), "max", tvm_ops.BadParamError, "feats must have dtype float32"),
+    (np.zeros((4, 2), np.float32), np.zeros((4, 3), np.int64), "max", tvm_ops.BadParamError, "coors must have dtype int32"),
+    (np.zeros((4, 2), np.float32), np.zeros((5, 3), np.int32), "max", tvm_ops.BadParamError, r"coors.shape\[0\] \(N\) must equal"),
+    (np.zeros((4, 2), np.float32), np.zeros((4, 0), np.int32), "max", tvm_ops.BadParamError, "D must be non-zero"),
+    (np.zeros((4, 2), np.float32), np.zeros((4, 3), np.int32), "amax", tvm_ops.BadParamError, "reduce_type must be one of"),
+    (np.zeros((4,), np.float32), np.zeros((4, 3), np.int32), "max", tvm_ops.BadParamError, "feats must have rank 2"),
+])
+def test_bad_input_is_refused_before_any_kernel(feats, coors, reduce_type, error, message):
+    with pytest.raises(error, match=message):
+        tvm_ops.dynamic_scatter_forward(feats, coors, reduce_type)
+
+
+@requires_torch
+def test_torch_tensors_in_torch_tensors_out():
+    import torch
+
+    feats, coors = points(np.random.default_rng(5), 100, 3, 3, dropped=0.1)
+    expected = tvm_ops.dynamic_scatter_forward(feats, coors, "sum")
+    result = tvm_ops.dynamic_scatter_forward(torch.from_numpy(feats), torch.from_numpy(coors), "sum")
+    assert all(isinstance(r, torch.Tensor) for r in result)
+    for e, r in zip(expected, result):
+        np.testing.assert_array_equal(e, r.numpy())

@@ -1,0 +1,133 @@
+"""dynamic_scatter_forward (mmcv dynamic_point_to_voxel forward, MVXNet's dynamic voxelisation).
+
+A point whose coordinate row has a negative entry is dropped (point2voxel_map -1); the
+voxels are the distinct rows of the other points in lexicographic order (mmcv's
+torch.unique over rows); voxel_feats[v] reduces voxel v's points' features in point order:
+max (a NaN feature never wins, as in mmcv's comparisons; -inf where every one is NaN), sum
+in float32, or mean = that sum / count. The order is the same on every target, so sum and
+mean give the same bits on every run, CPU and CUDA (mmcv's CUDA float atomics do not).
+Semantics: docs/semantics.md; the contract: specs/dynamic_scatter_forward.yaml.
+
+The number of voxels M is data-dependent: a call first groups the points (`count`: the
+grouping kernels, then M read on the host: on CUDA the one synchronisation of the call),
+then allocates the [M, ...] outputs (or checks the out= buffers against M) and fills them
+(`launch`). Grouping plans (compute.py): a serial radix sort on the CPU, a bitonic network
+and a chunked scan on CUDA (which the CPU also runs with the knob sort=bitonic, so the tests
+check the GPU's grouping here).
+"""
+
+from __future__ import annotations
+
+from ... import policy
+from ...errors import BadParamError
+from ..base import Operator
+from . import schedule
+from .compute import KERNELS, group_computes, fill_computes
+
+CHUNK = 256  # points per chunk of the bitonic plan's scan
+
+
+class DynamicScatterForward(Operator):
+    name = "dynamic_scatter_forward"
+    kernel_names = KERNELS
+    recipe = schedule
+
+    def plan(self, model, knobs):
+        """The seed's split of points (grouping) and voxels (filling) over the cores is the
+        CPU's parallel loops and the CUDA grid; the plan sizes the reduce's channel vector
+        (whole SIMD registers) and names the grouping plan."""
+        plan = {"sort": knobs["sort"], "chunk": CHUNK}
+        if model.kind == "cuda":
+            policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
+            return dict(plan, threads=int(knobs["threads"]))
+        lanes = model.lanes("float32")
+        return dict(plan, vector=max(lanes, int(knobs["vector"]) // lanes * lanes))
+
+    def computes(self, dtype, plan, model):
+        lanes = int(plan["vector"]) if model.kind == "llvm" else 1
+        return {**group_computes(), **fill_computes(dtype, lanes)}
+
+    def workspaces(self, problem, plan):
+        n = problem.sizes["N"]
+        spaces = {"start": ((n + 1,), "int32"), "voxel_of": ((n,), "int32"), "count": ((1,), "int32")}
+        if plan["sort"] == "radix":
+            return dict(spaces, order=((n,), "int32"), scratch=((n,), "int32"))
+        padded = 1 << max(n - 1, 0).bit_length()  # the bitonic network's power of two
+        chunks = -(-n // plan["chunk"])
+        return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
+                    totals=((chunks,), "int32"), offsets=((chunks,), "int32"))
+
+    def zeroed(self, problem, plan):
+        # the bitonic plan writes start and count only where a voxel ends: with no kept
+        # point, M = 0 and start[0] = 0 must come from here
+        return ("start", "count") if plan["sort"] == "bitonic" else ()
+
+    def count(self, kernels, problem, tensors):
+        """Group the points (order, start, voxel_of, count in the workspaces) and return
+        {"M": the number of voxels}, read on the host."""
+        coors = tensors["coors"]
+        if kernels.plan["sort"] == "radix":
+            kernels["sort_rows"](coors, tensors["order"], tensors["scratch"])
+            kernels["segments"](coors, tensors["order"], tensors["start"], tensors["voxel_of"], tensors["count"])
+        else:
+            self._bitonic_sort(kernels, tensors)
+            order, flags, chunk = tensors["order"], tensors["flags"], kernels.plan["chunk"]
+            kernels["head_flags"](coors, order, flags)
+            kernels["chunk_totals"](flags, tensors["totals"], chunk)
+            kernels["chunk_offsets"](tensors["totals"], tensors["offsets"])
+            kernels["chunk_scan"](flags, tensors["offsets"], tensors["voxel_of"], chunk)
+            kernels["segment_starts"](coors, order, flags, tensors["voxel_of"], tensors["start"], tensors["count"])
+        return {"M": int(tensors["count"][0])}
+
+    @staticmethod
+    def _bitonic_sort(kernels, tensors):
+        """The network's steps, ping-ponging between order and scratch; leaves the sorted
+        permutation in tensors["order"]."""
+        src, dst = tensors["order"], tensors["scratch"]
+        kernels["bitonic_init"](src)
+        padded, k = src.shape[0], 2
+        while k <= padded:
+            j = k // 2
+            while j >= 1:
+                kernels["bitonic_step"](tensors["coors"], src, dst, k, j)
+                src, dst = dst, src
+                j //= 2
+            k *= 2
+        tensors["order"], tensors["scratch"] = src, dst
+
+    def launch(self, kernels, problem, tensors):
+        order, start = tensors["order"], tensors["start"]
+        voxels = tensors["voxel_points_count"].shape[0]
+        kernels["point_map"](order, tensors["voxel_of"], start, tensors["point2voxel_map"], voxels)
+        if voxels == 0:  # every point dropped: the [0, ...] outputs hold nothing to write
+            return
+        kernels["voxel_rows"](tensors["coors"], order, start, tensors["voxel_coors"], tensors["voxel_points_count"])
+        if problem.sizes["C"] == 0:  # no channel: voxel_feats is [M, 0]
+            return
+        reduce = f"reduce_{problem.params['reduce_type']}"
+        small = problem.device == "cpu" and problem.sizes["C"] < int(kernels.plan["vector"])
+        kernels[reduce + "_small" if small else reduce](tensors["feats"], order, start, tensors["voxel_feats"])
+
+
+OP = DynamicScatterForward()
+
+
+def dynamic_scatter_forward(feats, coors, reduce_type="max", *, target="llvm", out=None):
+    """Scatter points into voxels (mmcv's dynamic_point_to_voxel forward):
+    (voxel_feats [M, C], voxel_coors [M, D], point2voxel_map [N], voxel_points_count [M]).
+
+    feats [N, C] float32 and coors [N, D] int32; a point with a negative coordinate is
+    dropped (map -1); the M voxels are the distinct rows of the others, in lexicographic
+    order; reduce_type "max", "sum" or "mean" over each voxel's points (in point order: the
+    same bits every run). numpy in -> numpy out; torch in -> torch out; `out=` a 4-tuple of
+    caller buffers, any may be None (one for an [M, ...] output must have the M the kernels
+    count, else BadParamError before any output is written). The differentiable torch
+    function: tvm_ops.functional.dynamic_scatter.
+    """
+    if out is None:
+        out = (None,) * 4
+    if not isinstance(out, (tuple, list)) or len(out) != 4:
+        raise BadParamError("dynamic_scatter_forward: out must be a 4-tuple (voxel_feats, voxel_coors, "
+                            f"point2voxel_map, voxel_points_count), any may be None; got {type(out).__name__}")
+    names = ("voxel_feats", "voxel_coors", "point2voxel_map", "voxel_points_count")
+    return OP.call({"feats": feats, "coors": coors}, {"reduce_type": reduce_type}, target, dict(zip(names, out)))
