@@ -22,7 +22,7 @@ from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
 from . import schedule
-from .compute import KERNELS, group_computes, fill_computes
+from .compute import FIXED_COLUMNS, KERNELS, fill_computes, group_computes
 
 CHUNK = 256  # points per chunk of the bitonic plan's scan
 
@@ -41,17 +41,21 @@ class DynamicScatterForward(Operator):
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
             return dict(plan, threads=int(knobs["threads"]))
         lanes = model.lanes("float32")
-        return dict(plan, vector=max(lanes, int(knobs["vector"]) // lanes * lanes))
+        return dict(plan, vector=max(lanes, int(knobs["vector"]) // lanes * lanes), lanes=lanes,
+                    prefetch_points=int(knobs["prefetch_points"]))
 
     def computes(self, dtype, plan, model):
-        lanes = int(plan["vector"]) if model.kind == "llvm" else 1
-        return {**group_computes(), **fill_computes(dtype, lanes)}
+        if model.kind == "cuda":  # a thread per channel: every width is 1
+            return {**group_computes(), **fill_computes(dtype, (1, 1, 1), 0)}
+        widths = (int(plan["vector"]), model.lanes("float32"), 1)
+        return {**group_computes(), **fill_computes(dtype, widths, int(plan["prefetch_points"]))}
 
     def workspaces(self, problem, plan):
         n = problem.sizes["N"]
         spaces = {"start": ((n + 1,), "int32"), "voxel_of": ((n,), "int32"), "count": ((1,), "int32")}
         if plan["sort"] == "radix":
-            return dict(spaces, order=((n,), "int32"), scratch=((n,), "int32"))
+            return dict(spaces, order=((n,), "int32"), scratch=((n,), "int32"), keys=((n,), "int64"),
+                        keys_tmp=((n,), "int64"), column_bits=((problem.sizes["D"],), "int32"))
         padded = 1 << max(n - 1, 0).bit_length()  # the bitonic network's power of two
         chunks = -(-n // plan["chunk"])
         return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
@@ -67,8 +71,10 @@ class DynamicScatterForward(Operator):
         {"M": the number of voxels}, read on the host."""
         coors = tensors["coors"]
         if kernels.plan["sort"] == "radix":
-            kernels["sort_rows"](coors, tensors["order"], tensors["scratch"])
-            kernels["segments"](coors, tensors["order"], tensors["start"], tensors["voxel_of"], tensors["count"])
+            columns = problem.sizes["D"]
+            group = f"group_rows_d{columns}" if columns in FIXED_COLUMNS else "group_rows"
+            kernels[group](coors, *(tensors[k] for k in ("order", "scratch", "keys", "keys_tmp", "column_bits", "start",
+                                                         "voxel_of", "count")))
         else:
             self._bitonic_sort(kernels, tensors)
             order, flags, chunk = tensors["order"], tensors["flags"], kernels.plan["chunk"]
@@ -104,9 +110,10 @@ class DynamicScatterForward(Operator):
         kernels["voxel_rows"](tensors["coors"], order, start, tensors["voxel_coors"], tensors["voxel_points_count"])
         if problem.sizes["C"] == 0:  # no channel: voxel_feats is [M, 0]
             return
-        reduce = f"reduce_{problem.params['reduce_type']}"
-        small = problem.device == "cpu" and problem.sizes["C"] < int(kernels.plan["vector"])
-        kernels[reduce + "_small" if small else reduce](tensors["feats"], order, start, tensors["voxel_feats"])
+        reduce, channels = f"reduce_{problem.params['reduce_type']}", problem.sizes["C"]
+        if problem.device == "cpu" and channels < int(kernels.plan["vector"]):  # the widest vector C holds
+            reduce += "_lanes" if channels >= int(kernels.plan["lanes"]) else "_small"
+        kernels[reduce](tensors["feats"], order, start, tensors["voxel_feats"])
 
 
 OP = DynamicScatterForward()

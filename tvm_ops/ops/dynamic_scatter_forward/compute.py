@@ -1,18 +1,21 @@
 """TensorIR of dynamic_scatter_forward: group the points by coordinate row, then reduce.
 
 Grouping (two plans, the schedule file's `sort` knob picks one per target):
-  radix (CPU)    sort_rows: the kept points (every coordinate >= 0) in index order, then an
-                 LSD radix sort of them by row, last column first, 11-bit digits, as many
-                 passes per column as its largest value needs (stable: each voxel's points
-                 stay in point order); the dropped points after them. segments: one walk
-                 over the sorted points marks each voxel's first point (a row unlike the
-                 previous one), numbers the voxels and records where each starts.
+  radix (CPU)    group_rows, one serial kernel: the kept points (every coordinate >= 0) in
+                 index order, the dropped after them; each column's width in bits (of its
+                 largest value). When the widths add up to 62 bits or less (MVXNet's grid:
+                 6 + 11 + 11), each row is packed into one int64 key and the keys are LSD
+                 radix sorted, 11-bit digits; otherwise the rows are sorted column by
+                 column, the last first. Both are stable: each voxel's points stay in point
+                 order, and no key can overflow. Then one walk marks each voxel's first
+                 point (a key or row unlike the previous one), numbers the voxels and
+                 records where each starts. group_rows_d3 / _d4: the same with D fixed.
   bitonic (CUDA) bitonic_init + bitonic_step: a bitonic network over the P >= N (a power of
                  two) entries of a point permutation, one launch per step, ordered by
                  (kept before dropped before padding, row, point index): unique keys, so
                  the result is the stable order above. head_flags marks voxel starts;
                  chunk_totals, chunk_offsets and chunk_scan number the voxels (an inclusive
-                 scan in chunks of plan["chunk"]); segment_starts records where each starts
+                 scan in chunks of `chunk`); segment_starts records where each starts
                  and the voxel count.
 Both leave order[0:N] (sorted point indices), start[0:M+1] (voxel v's points are
 order[start[v]:start[v+1]], start[M] = the kept points), voxel_of[i] (1 + the voxel of
@@ -21,11 +24,15 @@ sorted position i < start[M]) and count[0] = M.
 Filling (after the host has read M and allocated the [M, ...] outputs):
   reduce_{max,sum,mean}   a block per (voxel, channel vector): the voxel's points in point
                  order, max by `x > acc` (a NaN never wins: mmcv's comparison), sum in float32,
-                 mean = that sum / count; the same order on every target, so the same bits
+                 mean = that sum / count; the same order on every target, so the same bits.
+                 On the CPU the rows come in sorted order, which no hardware prefetcher
+                 follows: each step prefetches the row `ahead` sorted points on. Widths
+                 (REDUCE_WIDTHS): the plan's vector, the target's lanes (C below the
+                 vector), one channel (C below the lanes, and CUDA).
   voxel_rows     voxel_coors (the first point's row) and voxel_points_count
   point_map      point2voxel_map[order[i]] = voxel of sorted position i, -1 for dropped points
 
-The sort and segment kernels are serial programs in a block (the radix sort's histogram and
+group_rows and chunk_offsets are serial programs in a block (the radix sort's histogram and
 the scan carry state from one point to the next), not computes a schedule can reshape; the
 bitonic and scan kernels and the fill are blocks a schedule places. Every index the kernels
 store through comes from a permutation the kernels built, never from input values, and
@@ -34,19 +41,25 @@ point_map checks it against N all the same.
 
 from __future__ import annotations
 
+from tvm import tirx
 from tvm.script import tirx as T
 
 from ..point_vectors import point, vectors
+from ..prefetch import LINE_WORDS
 
 RADIX_BITS = 11
 RADIX = 1 << RADIX_BITS
 INT_BITS = 31  # a coordinate of a kept point is a non-negative int32
-GROUP_KERNELS = {"radix": ("sort_rows", "segments"),
+KEY_BITS = 62  # a row whose columns' widths add up to this packs into one int64 key
+# the CPU's grouping also comes with D fixed (its per-point column loops unrolled: a third
+# faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
+FIXED_COLUMNS = (3, 4)
+GROUP_KERNELS = {"radix": ("group_rows",) + tuple(f"group_rows_d{d}" for d in FIXED_COLUMNS),
                  "bitonic": ("bitonic_init", "bitonic_step", "head_flags", "chunk_totals", "chunk_offsets",
                              "chunk_scan", "segment_starts")}
 REDUCE_TYPES = ("max", "sum", "mean")
-FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}" for r in REDUCE_TYPES) + tuple(
-    f"reduce_{r}_small" for r in REDUCE_TYPES)
+REDUCE_WIDTHS = ("", "_lanes", "_small")  # channel vectors of the plan's width, the target's lanes, one
+FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}{w}" for r in REDUCE_TYPES for w in REDUCE_WIDTHS)
 KERNELS = GROUP_KERNELS["radix"] + GROUP_KERNELS["bitonic"] + FILL_KERNELS
 
 
@@ -68,25 +81,66 @@ def _rows_differ_into(flag, coors, a, b, D):
             flag[0] = 1
 
 
+def _key_digit(key, shift):
+    return T.Cast("int32", T.bitwise_and(T.shift_right(key, shift), T.int64(RADIX - 1)))
+
+
+def _column_digit(coors, n, d, shift):
+    return T.bitwise_and(T.shift_right(coors[n, d], shift), RADIX - 1)
+
+
+@T.macro(hygienic=False)
+def _digit_counts(hist, kept, digit_of):
+    """hist[b] = the first slot of digit b in a counting sort of the `kept` entries."""
+    for b in range(RADIX):
+        hist[b] = 0
+    for i in range(kept):
+        digit = T.Bind(digit_of(i))
+        hist[digit] = hist[digit] + 1
+    state[1] = 0  # the running total
+    for b in range(RADIX):
+        here = T.Bind(hist[b])
+        hist[b] = state[1]
+        state[1] = state[1] + here
+
+
+def _with_columns(func, columns: int):
+    """`func` (whose first parameter is coors [N, D]) specialised to D = columns."""
+    coors = func.params[0]
+    return func.specialize({coors: tirx.decl_buffer((tirx.Var("N", "int32"), columns), "int32", "coors")})
+
+
 def group_computes() -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
     symbolic. `chunk` is fixed per library by the plan (chunk_* kernels read it)."""
 
     @T.prim_func(s_tir=True)
-    def sort_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle):
+    def group_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle, keys_h: T.handle,
+                   keys_tmp_h: T.handle, bits_h: T.handle, start_h: T.handle, voxel_of_h: T.handle,
+                   count_h: T.handle):
         T.func_attr({"tirx.noalias": True})
-        N, D, P = T.int32(), T.int32(), T.int32()
+        N, D, P, S = T.int32(), T.int32(), T.int32(), T.int32()
         coors = T.match_buffer(coors_h, (N, D), "int32")
         order = T.match_buffer(order_h, (P,), "int32")
         scratch = T.match_buffer(scratch_h, (P,), "int32")
+        keys = T.match_buffer(keys_h, (N,), "int64")
+        keys_tmp = T.match_buffer(keys_tmp_h, (N,), "int64")
+        bits = T.match_buffer(bits_h, (D,), "int32")
+        start = T.match_buffer(start_h, (S,), "int32")
+        voxel_of = T.match_buffer(voxel_of_h, (N,), "int32")
+        count = T.match_buffer(count_h, (1,), "int32")
         for unit in range(1):
-            with T.sblock("sort"):
+            with T.sblock("group"):
                 T.reads(coors[0:N, 0:D])
-                T.writes(order[0:P], scratch[0:P])
+                T.writes(order[0:P], scratch[0:P], keys[0:N], keys_tmp[0:N], bits[0:D], start[0:S], voxel_of[0:N],
+                         count[0])
                 hist = T.alloc_buffer((RADIX,), "int32", scope="local")
                 flag = T.alloc_buffer((1,), "int32", scope="local")
-                # kept, dropped, the column's largest value, the digit's shift
+                key = T.alloc_buffer((1,), "int64", scope="local")
                 state = T.alloc_buffer((4,), "int32", scope="local")
+                # 1. the kept points in index order, then the dropped; each column's largest value
+                for d in range(D):
+                    bits[d] = 0
                 state[0] = 0
                 state[1] = 0
                 for n in range(N):
@@ -94,70 +148,84 @@ def group_computes() -> dict:
                     if flag[0] == 0:
                         order[state[0]] = n
                         state[0] = state[0] + 1
+                        for d in range(D):
+                            bits[d] = T.max(bits[d], coors[n, d])
                     else:
                         scratch[state[1]] = n
                         state[1] = state[1] + 1
                 kept = T.Bind(state[0])
                 for i in range(N - kept):
                     order[kept + i] = scratch[i]
-                for back in range(D):
-                    d = T.Bind(D - 1 - back)
-                    state[2] = 0
-                    for i in range(kept):
-                        state[2] = T.max(state[2], coors[order[i], d])
+                # 2. each column's width in bits (of its largest value) and their total
+                state[2] = 0
+                for d in range(D):
                     state[3] = 0
-                    while state[3] < INT_BITS and T.shift_right(state[2], state[3]) > 0:
-                        shift = T.Bind(state[3])
-                        for b in range(RADIX):
-                            hist[b] = 0
+                    while state[3] < INT_BITS and T.shift_right(bits[d], state[3]) > 0:
+                        state[3] = state[3] + 1
+                    bits[d] = state[3]
+                    state[2] = state[2] + state[3]
+                total = T.Bind(state[2])
+                state[0] = 0  # from here: the voxels found
+                if total <= KEY_BITS:
+                    # 3. a row packed into one int64 key (column 0 highest), sorted as a whole
+                    for i in range(kept):
+                        key[0] = T.int64(0)
+                        for d in range(D):
+                            key[0] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", bits[d])),
+                                                  T.Cast("int64", coors[order[i], d]))
+                        keys[i] = key[0]
+                    state[3] = 0
+                    while state[3] < total:
+                        shift = T.Bind(T.Cast("int64", state[3]))
+                        _digit_counts(hist, kept, lambda i: _key_digit(keys[i], shift))
                         for i in range(kept):
-                            digit = T.Bind(T.bitwise_and(T.shift_right(coors[order[i], d], shift), RADIX - 1))
-                            hist[digit] = hist[digit] + 1
-                        state[1] = 0  # the running total: hist becomes each digit's first slot
-                        for b in range(RADIX):
-                            count = T.Bind(hist[b])
-                            hist[b] = state[1]
-                            state[1] = state[1] + count
-                        for i in range(kept):
-                            digit = T.Bind(T.bitwise_and(T.shift_right(coors[order[i], d], shift), RADIX - 1))
-                            scratch[hist[digit]] = order[i]
-                            hist[digit] = hist[digit] + 1
+                            digit = T.Bind(_key_digit(keys[i], shift))
+                            slot = T.Bind(hist[digit])
+                            scratch[slot] = order[i]
+                            keys_tmp[slot] = keys[i]
+                            hist[digit] = slot + 1
                         for i in range(kept):
                             order[i] = scratch[i]
-                        state[3] = shift + RADIX_BITS
-
-    @T.prim_func(s_tir=True)
-    def segments(coors_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_of_h: T.handle,
-                 count_h: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        N, D, P, S = T.int32(), T.int32(), T.int32(), T.int32()
-        coors = T.match_buffer(coors_h, (N, D), "int32")
-        order = T.match_buffer(order_h, (P,), "int32")
-        start = T.match_buffer(start_h, (S,), "int32")
-        voxel_of = T.match_buffer(voxel_of_h, (N,), "int32")
-        count = T.match_buffer(count_h, (1,), "int32")
-        for unit in range(1):
-            with T.sblock("segments"):
-                T.reads(coors[0:N, 0:D], order[0:N])
-                T.writes(start[0:S], voxel_of[0:N], count[0])
-                flag = T.alloc_buffer((1,), "int32", scope="local")
-                state = T.alloc_buffer((2,), "int32", scope="local")  # voxels so far, kept points
-                state[0] = 0
-                state[1] = 0
-                for i in range(N):
-                    n = T.Bind(order[i])
-                    _dropped_into(flag, coors, n, D)
-                    if flag[0] == 0:
-                        state[1] = i + 1
-                        if i > 0:
-                            _rows_differ_into(flag, coors, n, order[i - 1], D)
-                        else:
+                            keys[i] = keys_tmp[i]
+                        state[3] = state[3] + RADIX_BITS
+                    # 4. a key unlike the previous one starts a voxel
+                    for i in range(kept):
+                        if i == 0:
                             flag[0] = 1
+                        else:
+                            flag[0] = T.Select(keys[i] != keys[i - 1], 1, 0)
                         if flag[0] == 1:
                             start[state[0]] = i
                             state[0] = state[0] + 1
-                    voxel_of[i] = state[0]
-                start[state[0]] = state[1]
+                        voxel_of[i] = state[0]
+                else:
+                    # 3. rows too wide for one key: sorted column by column, the last first
+                    for back in range(D):
+                        d = T.Bind(D - 1 - back)
+                        state[3] = 0
+                        while state[3] < bits[d]:
+                            shift = T.Bind(state[3])
+                            _digit_counts(hist, kept, lambda i: _column_digit(coors, order[i], d, shift))
+                            for i in range(kept):
+                                digit = T.Bind(_column_digit(coors, order[i], d, shift))
+                                scratch[hist[digit]] = order[i]
+                                hist[digit] = hist[digit] + 1
+                            for i in range(kept):
+                                order[i] = scratch[i]
+                            state[3] = shift + RADIX_BITS
+                    # 4. a row unlike the previous one starts a voxel
+                    for i in range(kept):
+                        if i == 0:
+                            flag[0] = 1
+                        else:
+                            _rows_differ_into(flag, coors, order[i], order[i - 1], D)
+                        if flag[0] == 1:
+                            start[state[0]] = i
+                            state[0] = state[0] + 1
+                        voxel_of[i] = state[0]
+                for i in range(N - kept):
+                    voxel_of[kept + i] = state[0]
+                start[state[0]] = kept
                 count[0] = state[0]
 
     @T.prim_func(s_tir=True)
@@ -317,15 +385,17 @@ def group_computes() -> dict:
                         start[v] = vi + 1
                         count[0] = v
 
-    return {"sort_rows": sort_rows, "segments": segments, "bitonic_init": bitonic_init,
+    fixed = {f"group_rows_d{d}": _with_columns(group_rows, d) for d in FIXED_COLUMNS}
+    return {"group_rows": group_rows, **fixed, "bitonic_init": bitonic_init,
             "bitonic_step": bitonic_step, "head_flags": head_flags, "chunk_totals": chunk_totals,
             "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
 
 
-def reduce_compute(dtype: str, reduce_type: str, lanes: int):
+def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int = 0):
     """voxel_feats[v, c] over voxel v's points in point order; `lanes` channels per vector
     (1: one channel at a time: C below the vector width, and CUDA)."""
     f32 = "float32"
+    ahead_lines = max(1, lanes // LINE_WORDS)  # the cache lines of one channel vector
 
     @T.prim_func(s_tir=True)
     def reduce(feats_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_feats_h: T.handle):
@@ -345,6 +415,11 @@ def reduce_compute(dtype: str, reduce_type: str, lanes: int):
                     acc[lane] = T.float32(float("-inf")) if reduce_type == "max" else T.float32(0)
                 for i in range(start[vv], start[vv + 1]):
                     n = T.Bind(order[i])
+                    if ahead > 0:  # the row `ahead` sorted points on: no hardware prefetcher follows
+                        for line in range(ahead_lines):
+                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
+                                feats[order[T.min(i + ahead, P - 1)], point(C, lanes, vo, line * LINE_WORDS)]),
+                                0, 3, 1))
                     for lane in T.vectorized(lanes):
                         x = T.meta_var(T.Cast(f32, feats[n, point(C, lanes, vo, lane)]))
                         if reduce_type == "max":
@@ -361,8 +436,9 @@ def reduce_compute(dtype: str, reduce_type: str, lanes: int):
     return reduce
 
 
-def fill_computes(dtype: str, lanes: int) -> dict:
-    """The kernels that write the outputs once M is known."""
+def fill_computes(dtype: str, widths: tuple, ahead: int) -> dict:
+    """The kernels that write the outputs once M is known; `widths`: the channels per vector
+    of the three reduce widths (REDUCE_WIDTHS), `ahead`: the reduce's prefetch distance."""
 
     @T.prim_func(s_tir=True)
     def voxel_rows(coors_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_coors_h: T.handle,
@@ -403,6 +479,6 @@ def fill_computes(dtype: str, lanes: int) -> dict:
 
     kernels = {"voxel_rows": voxel_rows, "point_map": point_map}
     for reduce_type in REDUCE_TYPES:
-        kernels[f"reduce_{reduce_type}"] = reduce_compute(dtype, reduce_type, lanes)
-        kernels[f"reduce_{reduce_type}_small"] = reduce_compute(dtype, reduce_type, 1)
+        for suffix, lanes in zip(REDUCE_WIDTHS, widths):
+            kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead)
     return kernels

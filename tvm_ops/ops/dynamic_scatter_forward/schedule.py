@@ -1,8 +1,8 @@
 """Schedule recipes for dynamic_scatter_forward (knobs: schedules/dynamic_scatter_forward.yaml).
 
-The serial kernels (sort_rows, segments, chunk_offsets) run as written: one task on the CPU,
-one thread on CUDA (where sort_rows and segments are never launched: the CUDA plan groups by
-the bitonic network). Every other kernel is a loop of independent blocks: CPU tasks over the
+The serial kernels (group_rows, chunk_offsets) run as written: one task on the CPU, one
+thread on CUDA (where group_rows is never launched: the CUDA plan groups by the bitonic
+network). Every other kernel is a loop of independent blocks: CPU tasks over the
 cores, CUDA threads.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .compute import KERNELS
 
-SERIAL = {"sort_rows": "sort", "segments": "segments", "chunk_offsets": "offsets"}
+SERIAL = {"group_rows": "group", "group_rows_d3": "group", "group_rows_d4": "group", "chunk_offsets": "offsets"}
 ELEMENTWISE = {"bitonic_init": "init", "bitonic_step": "step", "head_flags": "heads", "chunk_totals": "totals",
                "chunk_scan": "scan", "segment_starts": "starts", "voxel_rows": "rows", "point_map": "map"}
 
