@@ -53,6 +53,20 @@ def test_out_of_range_indices_contribute_nothing_even_with_nan_weights():
     check_against_reference(go, idx, w, 4, out, "float32")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("c", [1, 3, 4, 5, 17])
+def test_narrow_and_wide_kernels_agree_with_the_reference(c, dtype):
+    # launch takes the narrow kernel (one channel per step) for C <= c_tile / 4 on the CPU
+    from tvm_ops import dispatch, targets
+
+    kernels = dispatch.kernels(OP, dtype, targets.resolve("llvm"))
+    go, idx, w = inputs(2, c, 300, 77, dtype, low=-5, high=90, seed=c)
+    for name in OP.kernel_names:
+        out = np.full((2, c, 77), np.nan, dtype)
+        kernels[name](go, idx, w, out)
+        check_against_reference(go, idx, w, 77, out, dtype)
+
+
 def test_one_kernel_serves_many_shapes():
     tvm_ops.three_interpolate_backward(*inputs(1, 3, 5, 2), 2)  # loaded or built once
     before = build.build_count

@@ -325,7 +325,7 @@ def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
             problem
 
     calls, _ = traced(OP, CASE)
-    assert [name for name, _ in calls] == list(OP.kernel_names)
+    assert [name for name, _ in calls] == [OP.kernel_names[0]]  # the wide kernel: the case has C > 4
     # dynamic_scatter's max traceback workspace is declared, so it is a placeholder like the tensors
     scatter = get("dynamic_scatter_backward")
     calls, problem = traced(scatter, reduce_type="max")
@@ -380,3 +380,15 @@ def test_a_record_whose_knobs_do_not_build_falls_back_to_the_hand_tuned_default(
     OP.clear_call_cache()
     np.testing.assert_allclose(out, TESTING.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
     assert "does not build or load" in caplog.text and "hand-tuned default" in caplog.text
+
+
+def test_an_operator_with_a_counted_size_is_refused_over_rpc():
+    from tvm_ops import checks, runner
+    from tvm_ops.errors import NotSupportedError
+
+    op = get("dynamic_scatter_forward")
+    case = next(c for c in op.spec.cases if c.expect == "ok" and not c.heavy)
+    inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
+    problem = checks.check(op.spec, inputs, params, {}, op.rules)
+    with pytest.raises(NotSupportedError, match=r"output sizes \(M\) are read on the host"):
+        tune.trace_launch(op, problem, op.plan(targets.resolve("llvm"), op.schedules["llvm"].defaults))

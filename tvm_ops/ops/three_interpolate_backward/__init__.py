@@ -17,9 +17,13 @@ from . import schedule
 from .compute import tiled_compute
 
 
+NARROW_SHARE = 4  # measured: see docs/kernels/three_interpolate_backward.md
+
+
 class ThreeInterpolateBackward(Operator):
     name = "three_interpolate_backward"
-    kernel_names = ("three_interpolate_backward",)
+    # the second: one channel per owner step (CPU, C far below c_tile: see launch)
+    kernel_names = ("three_interpolate_backward", "three_interpolate_backward_narrow")
     recipe = schedule  # the per-target recipes (schedule.llvm, schedule.cuda)
 
     def plan(self, model, knobs):
@@ -40,12 +44,16 @@ class ThreeInterpolateBackward(Operator):
         return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope}
 
     def computes(self, dtype, plan, model):
-        return {self.kernel_names[0]: tiled_compute(dtype, plan["m_tile"], plan["c_tile"],
-                                                    plan["n_tile"], plan["scope"])}
+        wide, narrow = self.kernel_names
+        return {wide: tiled_compute(dtype, plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"], wide),
+                narrow: tiled_compute(dtype, plan["m_tile"], 1, plan["n_tile"], plan["scope"], narrow)}
 
     def launch(self, kernels, problem, tensors):
-        kernels[self.kernel_names[0]](tensors["grad_output"], tensors["indices"], tensors["weights"],
-                                      tensors["grad_features"])
+        # A tile's c_tile lanes cost the same with one real channel as with c_tile: below
+        # NARROW_SHARE of them the CPU runs one channel per step (C = 1: 61 -> 12 us).
+        narrow = problem.device == "cpu" and problem.sizes["C"] * NARROW_SHARE <= int(kernels.plan["c_tile"])
+        kernels[self.kernel_names[1] if narrow else self.kernel_names[0]](
+            tensors["grad_output"], tensors["indices"], tensors["weights"], tensors["grad_features"])
 
 
 OP = ThreeInterpolateBackward()

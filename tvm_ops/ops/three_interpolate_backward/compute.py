@@ -9,13 +9,13 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 
-def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str):
-    """The kernel for one dtype and tile plan; B, C, N and M stay symbolic."""
+def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str, name: str):
+    """The kernel `name` for one dtype and tile plan; B, C, N and M stay symbolic."""
     acc_t = "float32"  # float16 accumulates in float32 and rounds once at the end
 
     @T.prim_func(s_tir=True)
     def three_interpolate_backward(go_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
-        T.func_attr({"global_symbol": "three_interpolate_backward", "tirx.noalias": True})
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
         B, C, N, M = T.int32(), T.int32(), T.int32(), T.int32()
         grad_output = T.match_buffer(go_h, (B, C, N), dtype)
         indices = T.match_buffer(idx_h, (B, N, 3), "int32")

@@ -9,7 +9,8 @@ def llvm(sch, kernel, model, plan):
     sch.parallel(owner)
     _n, k, lane = sch.get_loops(sch.get_sblock("scatter"))[-3:]
     sch.unroll(k)
-    sch.vectorize(lane)
+    if kernel == "three_interpolate_backward":  # the narrow kernel's lane loop is one channel
+        sch.vectorize(lane)
 
 
 def cuda(sch, kernel, model, plan):
