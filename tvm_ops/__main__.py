@@ -99,7 +99,7 @@ def cmd_bench(args) -> int:
     bandwidth = bench.stream_bandwidth(model)
     peak = bench.peak_flops(model)
     print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
-          + (f", peak {peak / 1e9:.0f} GFLOP/s (cores x clock x lanes x 4)" if peak else ""))
+          + (f", peak {peak / 1e9:.0f} GFLOP/s (TVM FMA loop, this run)" if peak else ""))
     if args.functions:
         return _functions(args, model, bandwidth)
     lines = []

@@ -1,14 +1,18 @@
 """Benchmarks: median times of spec cases, efficiency against this machine's
 bandwidth measured in the same run, and the ratio against the fastest of the op's
 PyTorch eager formulations (testing/<op>.py `peers`), timed on the same inputs in the
-same run."""
+same run.
+
+The io efficiency of a case is against its roofline: the stream (DRAM) bandwidth, or,
+when the case's bytes fit in half of a cache level of the CPU (all cores' L2, or the L3),
+that level's bandwidth, measured in the same run by the same copy kernel over a buffer
+of the case's size (the data stays in the cache between repeats, as the case's does)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +38,8 @@ class BenchLine:
     speedup: float | None  # peer_ms / median_ms
     other_peers: dict = field(default_factory=dict)  # the other torch formulations: name -> ms
     peer: str | None = None  # the fastest formulation's name
+    roofline: str = "DRAM"  # the bandwidth io_efficiency is against: DRAM, L3 or L2
+    roofline_gbps: float = 0.0
 
     def text(self) -> str:
         compute = f"{self.compute_efficiency:6.1%}" if self.compute_efficiency is not None else "    - "
@@ -42,7 +48,8 @@ class BenchLine:
         others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
         return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {self.origin:16s} "
                 f"{self.median_ms:9.3f} ms "
-                f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%}  compute {compute}  {peer}{others}")
+                f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%} of {self.roofline:4s} "
+                f"{self.roofline_gbps:6.1f} GB/s  compute {compute}  {peer}{others}")
 
 
 def median_seconds(fn, repeat: int, sync=None) -> float:
@@ -59,48 +66,116 @@ def median_seconds(fn, repeat: int, sync=None) -> float:
 
 
 def stream_bandwidth(model: TargetModel, repeat: int = 10) -> float:
-    """Bytes/s of a parallel, vectorised TVM copy kernel (read + write) on this target."""
+    """Bytes/s of a parallel, vectorised TVM copy kernel (read + write) on this target, over
+    buffers far beyond the caches."""
+    return copy_bandwidth(model, 2 * STREAM_ELEMENTS * 4, repeat)
+
+
+def copy_bandwidth(model: TargetModel, nbytes: int, repeat: int = 10) -> float:
+    """Bytes/s read + written by the copy kernel moving `nbytes` in all (nbytes / 2 copied),
+    each repeat timed over enough runs to last ~2 ms."""
+    import tvm
+
+    lib, dev = _copy_kernel(model)
+    rows = max(1, nbytes // 2 // (_COPY_ROW * 4))
+    a = tvm.runtime.tensor(np.ones((rows, _COPY_ROW), "float32"), dev)
+    b = tvm.runtime.empty((rows, _COPY_ROW), "float32", dev)
+    once = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=1)(a, b).mean
+    number = max(1, int(2e-3 / max(once, 1e-7)))
+    timer = lib.time_evaluator(lib.entry_name, dev, number=number, repeat=repeat)
+    return 2 * rows * _COPY_ROW * 4 / timer(a, b).median
+
+
+_COPY_ROW = 256  # floats per row of the copy kernel's [rows, 256] buffers
+_copy_kernels: dict = {}
+
+
+def _copy_kernel(model: TargetModel):
+    """(library, device) of the copy kernel for `model`: rows over the cores (CUDA: blocks),
+    each row in vectors (threads); built once per process."""
     import tvm
     from tvm.script import tirx as T
 
-    lanes = model.lanes("float32")
+    if model.key in _copy_kernels:
+        return _copy_kernels[model.key]
 
     @T.prim_func(s_tir=True)
-    def stream_copy(a: T.Buffer((STREAM_ELEMENTS,), "float32"), b: T.Buffer((STREAM_ELEMENTS,), "float32")):
-        for i in range(STREAM_ELEMENTS):
+    def copy(a_h: T.handle, b_h: T.handle):
+        rows = T.int32()
+        a = T.match_buffer(a_h, (rows, _COPY_ROW), "float32")
+        b = T.match_buffer(b_h, (rows, _COPY_ROW), "float32")
+        for r, i in T.grid(rows, _COPY_ROW):
             with T.sblock("copy"):
-                vi = T.axis.remap("S", [i])
-                b[vi] = a[vi]
+                vr, vi = T.axis.remap("SS", [r, i])
+                b[vr, vi] = a[vr, vi]
 
-    sch = tvm.s_tir.Schedule(stream_copy)
-    (i,) = sch.get_loops(sch.get_sblock("copy"))
+    sch = tvm.s_tir.Schedule(copy)
+    r, i = sch.get_loops(sch.get_sblock("copy"))
     if model.kind == "llvm":
-        outer, inner = sch.split(i, factors=[None, lanes])
-        sch.parallel(outer)
-        sch.vectorize(inner)
+        _, lanes = sch.split(i, factors=[None, model.lanes("float32")])
+        sch.parallel(r)
+        sch.vectorize(lanes)
         dev = tvm.cpu()
     else:
-        blocks, threads = sch.split(i, factors=[None, 256])
-        sch.bind(blocks, "blockIdx.x")
-        sch.bind(threads, "threadIdx.x")
+        sch.bind(r, "blockIdx.x")
+        sch.bind(i, "threadIdx.x")
         dev = tvm.cuda()
-    lib = tvm.tirx.build(sch.mod, target=model.tvm_target())
-    a = tvm.runtime.tensor(np.ones(STREAM_ELEMENTS, "float32"), dev)
-    b = tvm.runtime.empty((STREAM_ELEMENTS,), "float32", dev)
-    timer = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=repeat)
-    return 2 * STREAM_ELEMENTS * 4 / timer(a, b).median
+    _copy_kernels[model.key] = tvm.tirx.build(sch.mod, target=model.tvm_target()), dev
+    return _copy_kernels[model.key]
+
+
+def roofline(model: TargetModel, io_bytes: float, stream: float) -> tuple[str, float]:
+    """(name, bytes/s) of the bandwidth bound of a case moving io_bytes: the level whose half
+    holds them (all cores' L2, then the L3), measured at that size, else DRAM (`stream`)."""
+    from .targets import cache_bytes
+
+    if model.kind != "llvm" or model.mtriple:
+        return "DRAM", stream
+    l2, l3 = cache_bytes(2), cache_bytes(3)
+    for name, size in (("L2", l2 * model.cores if l2 else None), ("L3", l3)):
+        if size and io_bytes <= size / 2:
+            return name, max(copy_bandwidth(model, int(io_bytes)), stream)
+    return "DRAM", stream
+
+
+FMA_CHAINS = 12  # independent accumulators per core: enough to cover the FMA latency
+_peaks: dict = {}
 
 
 def peak_flops(model: TargetModel) -> float | None:
-    """Theoretical float32 FLOP/s of the CPU: cores x clock x lanes x 2 FMA pipes x 2."""
-    if model.kind != "llvm":
+    """Float32 FLOP/s of an FMA loop in TVM on every core (FMA_CHAINS independent vector
+    accumulators each), measured once per process; None for other than this host's CPU."""
+    if model.kind != "llvm" or model.mtriple:
         return None
-    try:
-        mhz = max(float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("cpu MHz"))
-    except (OSError, ValueError):
-        return None
-    return model.cores * mhz * 1e6 * model.lanes("float32") * 2 * 2
+    if model.key not in _peaks:
+        import tvm
+        from tvm.script import tirx as T
+
+        lanes, chains, iters = model.lanes("float32"), FMA_CHAINS, 100_000
+
+        @T.prim_func(s_tir=True)
+        def fma_loop(out_h: T.handle, steps: T.int32):
+            tasks = T.int32()
+            out = T.match_buffer(out_h, (tasks, chains, lanes), "float32")
+            for t in T.parallel(tasks):
+                acc = T.alloc_buffer((chains, lanes), "float32", scope="local")
+                for a in T.unroll(chains):
+                    for v in T.vectorized(lanes):
+                        acc[a, v] = T.Cast("float32", t + a + v)
+                for _ in range(steps):
+                    for a in T.unroll(chains):
+                        for v in T.vectorized(lanes):
+                            acc[a, v] = T.fma(acc[a, v], T.float32(0.9999), T.float32(0.0001))
+                for a in T.unroll(chains):
+                    for v in T.vectorized(lanes):
+                        out[t, a, v] = acc[a, v]
+
+        lib = tvm.tirx.build(tvm.IRModule({"fma_loop": fma_loop.with_attr("global_symbol", "fma_loop")}),
+                             target=model.tvm_target())
+        out = tvm.runtime.empty((model.cores, chains, lanes), "float32", tvm.cpu())
+        seconds = lib.time_evaluator("fma_loop", tvm.cpu(), number=1, repeat=5)(out, iters).median
+        _peaks[model.key] = model.cores * iters * chains * lanes * 2 / seconds
+    return _peaks[model.key]
 
 
 def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repeat: int, peer: bool) -> BenchLine:
@@ -124,10 +199,11 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     peer_ms = peers.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
+    bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
-        io_bytes / seconds / bandwidth, (ops / seconds / peak) if ops and peak else None,
-        peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers, main_peer)
+        io_bytes / seconds / bound_bandwidth, (ops / seconds / peak) if ops and peak else None,
+        peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers, main_peer, bound, bound_bandwidth / 1e9)
 
 
 def time_peers(op, inputs: dict, params: dict, model: TargetModel, repeat: int, sync) -> dict:

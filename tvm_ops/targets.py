@@ -90,16 +90,23 @@ def _llvm_features(mtriple: str, cpu: str) -> frozenset:
 
 
 def _read_l2_bytes() -> int:
+    return cache_bytes(2) or 1024 * 1024
+
+
+def cache_bytes(level: int) -> int | None:
+    """The size of this host's level-`level` data cache as the first CPU sees it (L2: per
+    core; L3: shared), or None when the OS does not tell."""
     index = Path("/sys/devices/system/cpu/cpu0/cache")
     for entry in sorted(index.glob("index*")):
         try:
-            if (entry / "level").read_text().strip() == "2":
+            if (entry / "level").read_text().strip() == str(level) and \
+                    (entry / "type").read_text().strip() in ("Data", "Unified"):
                 size = (entry / "size").read_text().strip().upper()
                 scale = {"K": 1024, "M": 1024 * 1024}.get(size[-1], 1)
                 return int(size.rstrip("KM")) * scale
         except (OSError, ValueError):
             continue
-    return 1024 * 1024
+    return None
 
 
 def _read_vector_bytes() -> int:
