@@ -53,3 +53,82 @@ def forward_compute(dtype: str, lanes: int):
                                         + _term(features, indices, weights, vb, vc, n, 2, M))
 
     return three_interpolate_forward
+
+
+def _vector_term(IDX, W, features, b, c, M, k, lanes, gather):
+    """_term for the `lanes` points of a vector at once: index vector IDX[k], weight vector
+    W[k] (float32), the features gathered by one llvm.masked.gather (indices clamped into the
+    row, the term dropped by a Select where the index is outside [0, M))."""
+    i = IDX[k, T.Ramp(0, 1, lanes)]
+    inside = tirx.all(i >= T.Broadcast(0, lanes), i < T.Broadcast(M, lanes))
+    clamped = T.max(T.min(i, T.Broadcast(M - 1, lanes)), T.Broadcast(0, lanes))
+    value = W[k, T.Ramp(0, 1, lanes)] * T.call_extern(f"float32x{lanes}", gather, T.address_of(features[b, c, 0]),
+                                                      clamped)
+    return T.Select(inside, value, T.Broadcast(T.float32(0), lanes))
+
+
+def gather_compute(dtype: str, lanes: int, c_tile: int):
+    """The CPU kernel (written in its scheduled form): a block per (batch, block of c_tile
+    channels); per vector of `lanes` points (the last moved back to end at N, as
+    point_vectors does) the indices and weights of the 3 neighbours are gathered once (a
+    stride-3 gather each), then per channel the 3 features are gathered and the sum stored
+    as one vector. The same float32 terms in the same order as forward_compute: the same
+    bits. The gathers are calls of gather_ir's functions (TVM's LLVM codegen turns a
+    per-lane load into lanes scalar loads and inserts)."""
+    f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"
+    i32_gather = f"tvm_ops_gather_i32_x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def three_interpolate_forward(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, C, M, N = T.int32(), T.int32(), T.int32(), T.int32()
+        features = T.match_buffer(feat_h, (B, C, M), dtype)
+        indices = T.match_buffer(idx_h, (B, N, 3), "int32")
+        weights = T.match_buffer(w_h, (B, N, 3), dtype)
+        out = T.match_buffer(out_h, (B, C, N), dtype)
+        for task in range(B * T.ceildiv(C, c_tile)):
+            with T.sblock("task"):
+                vt = T.axis.remap("S", [task])
+                T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
+                T.writes(out[0:B, 0:C, 0:N])
+                IDX = T.alloc_buffer((3, lanes), "int32", scope="local")
+                W = T.alloc_buffer((3, lanes), "float32", scope="local")
+                b = T.Bind(vt // T.ceildiv(C, c_tile))
+                c0 = T.Bind(vt % T.ceildiv(C, c_tile) * c_tile)
+                for o in range(T.ceildiv(N, lanes)):
+                    n0 = T.Bind(T.min(o * lanes, N - lanes))
+                    for k in T.unroll(3):
+                        IDX[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"int32x{lanes}", i32_gather, T.address_of(
+                            indices[b, n0, 0]), T.Ramp(k, 3, lanes))
+                        W[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"float32x{lanes}", f32_gather, T.address_of(
+                            weights[b, n0, 0]), T.Ramp(k, 3, lanes))
+                    for ci in T.unroll(c_tile):
+                        # the channel tail repeats channel C - 1: the same values stored again
+                        c = T.Bind(T.min(c0 + ci, C - 1))
+                        out[b, c, T.Ramp(n0, 1, lanes)] = T.Cast(f"{dtype}x{lanes}", _vector_term(
+                            IDX, W, features, b, c, M, 0, lanes, f32_gather) + _vector_term(
+                            IDX, W, features, b, c, M, 1, lanes, f32_gather) + _vector_term(
+                            IDX, W, features, b, c, M, 2, lanes, f32_gather))
+
+    return three_interpolate_forward
+
+
+def gather_ir(lanes: int) -> str:
+    """LLVM IR of tvm_ops_gather_{f32,f16,i32}_x<lanes>(base, <lanes x i32> index): the
+    elements base[index[l]] (f16 widened to float) by llvm.masked.gather, generic IR that
+    every CPU compiles (x86: vgatherdps / vpgatherdd with AVX2 or AVX-512; float16 and
+    other CPUs: LLVM's scalar expansion)."""
+    mask = ", ".join(["i1 true"] * lanes)
+    parts = []
+    for name, elem, suffix, align in (("f32", "float", "f32", 4), ("i32", "i32", "i32", 4), ("f16", "half", "f16", 2)):
+        v = f"<{lanes} x {elem}>"
+        result = f"<{lanes} x float>" if elem == "half" else v
+        intrinsic = f"@llvm.masked.gather.v{lanes}{suffix}.v{lanes}p0"
+        widen = f"  %w = fpext {v} %g to {result}\n  ret {result} %w" if elem == "half" else f"  ret {v} %g"
+        parts.append(f"declare {v} {intrinsic}(<{lanes} x ptr>, i32, <{lanes} x i1>, {v})\n"
+                     f"define {result} @tvm_ops_gather_{name}_x{lanes}(ptr %base, <{lanes} x i32> %index) "
+                     f"alwaysinline {{\nentry:\n"
+                     f"  %p = getelementptr {elem}, ptr %base, <{lanes} x i32> %index\n"
+                     f"  %g = call {v} {intrinsic}(<{lanes} x ptr> %p, i32 {align}, <{lanes} x i1> <{mask}>, {v} poison)\n"
+                     f"{widen}\n}}\n")
+    return "".join(parts)

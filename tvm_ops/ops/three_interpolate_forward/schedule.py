@@ -6,18 +6,23 @@ time; on CUDA the same as the first, never launched)."""
 
 from __future__ import annotations
 
-from .compute import KERNELS
+from .compute import KERNELS, gather_ir
 
 
 def llvm(sch, kernel, model, plan):
     """A parallel task per (batch, block of c_tile channels). It walks the points in vectors
     and, per vector, its c_tile channels (unrolled): the vector's indices and weights are
-    loaded once for the channels (LLVM merges the unrolled loads), the features gathered
-    from c_tile rows of M values (in L1 / L2 for the network's M), and each channel's output
-    vector stored contiguously. The channel split's predicate (C % c_tile) does not depend
-    on the lane, so the lane loop stays vector code."""
+    gathered once for the channels, the features gathered from c_tile rows of M values (in
+    L1 / L2 for the network's M), and each channel's output vector stored contiguously. The
+    main kernel is written so (compute.gather_compute: only the tasks go parallel here);
+    the `_small` kernel is the compute, split the same way, one point at a time."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
+    if kernel == "three_interpolate_forward":  # the gather kernel: its tasks, the gathers' IR
+        (task,) = sch.get_loops(sch.get_sblock("task"))
+        sch.parallel(task)
+        sch.annotate(task, "pragma_import_llvm", gather_ir(int(plan["vector"])))
+        return
     block = sch.get_sblock("out")
     b, c, o, v = sch.get_loops(block)
     co, ci = sch.split(c, [None, int(plan["c_tile"])])
