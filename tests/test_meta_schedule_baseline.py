@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.skipif(bool(mb.available()), reason=mb.available() or 
 @pytest.mark.slow
 def test_tuned_kernels_are_checked_and_timed_against_hand_tuned(tmp_path):
     result = mb.compare(OP, CASE, trials=2, work_dir=tmp_path, rounds=1, budget_s=0.2)
-    assert [k.name for k in result.kernels] == list(OP.kernel_names)
+    assert [k.name for k in result.kernels] == [OP.kernel_names[0]]  # what launch runs at C = 63: the wide kernel
     assert result.check == ""  # the configuration that was timed passed the float64 reference
     (kernel,) = result.kernels
     assert kernel.measured >= 1 and kernel.ms_best_s > 0  # meta_schedule really tuned it

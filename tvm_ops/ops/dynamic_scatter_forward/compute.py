@@ -112,7 +112,7 @@ def _with_columns(func, columns: int):
 
 def group_computes() -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
-    symbolic. `chunk` is fixed per library by the plan (chunk_* kernels read it)."""
+    symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan)."""
 
     @T.prim_func(s_tir=True)
     def group_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle, keys_h: T.handle,
