@@ -15,7 +15,7 @@ from tvm_ops import metrics, spec, targets
 from tvm_ops.ops import get
 from tvm_ops.testing import material
 
-from .conftest import requires_torch
+from .conftest import requires_torch, use_knobs
 
 OP = get("dynamic_scatter_backward")
 TESTING = material(OP)
@@ -149,6 +149,32 @@ def test_workspace_is_the_min_index_per_voxel_and_channel():
             hit = inputs["feats"][n] == inputs["voxel_feats"][v]
             expected[v, hit] = np.minimum(expected[v, hit], n)
     assert np.array_equal(rf, expected)
+
+
+@pytest.mark.parametrize("case", [c.name for c in OP.spec.cases if not c.heavy and c.expect == "ok"
+                                  and c.extra.get("reduce_type") == "max"])
+def test_both_max_plans_give_the_reference_bits(case, monkeypatch):
+    # voxels (the default: counting sort, a task per voxel) and channels (the traceback's
+    # channel-block owners, kept as the other candidate) on every max case
+    from tvm_ops import runner
+
+    for owners in ("voxels", "channels"):
+        use_knobs(monkeypatch, OP, {"max_owners": owners})
+        result = runner.run_case(OP, OP.spec.case(case), "float32", CPU)
+        assert result.verdict == "pass", (owners, result.detail)
+    OP.clear_call_cache()
+
+
+def test_voxel_buckets_list_each_voxels_points_in_index_order():
+    inputs, params = make(500, 80, 3, dropped=20, voxel_num=70, map_high=90)
+    kernels = __import__("tvm_ops.dispatch", fromlist=["kernels"]).kernels(OP, "float32", CPU)
+    order, start = np.full(500, -1, np.int32), np.full(81, -1, np.int32)
+    kernels["max_buckets"](inputs["point2voxel_map"], order, start, 70)
+    p2v = inputs["point2voxel_map"]
+    for v in range(80):
+        expected = np.flatnonzero(p2v == v) if v < 70 else []
+        assert order[start[v]:start[v + 1]].tolist() == list(expected), v
+    assert start[80] == np.count_nonzero((p2v >= 0) & (p2v < 70))
 
 
 # Same bits on every thread count: a fresh process per TVM_NUM_THREADS.

@@ -326,11 +326,12 @@ def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
 
     calls, _ = traced(OP, CASE)
     assert [name for name, _ in calls] == [OP.kernel_names[0]]  # the wide kernel: the case has C > 4
-    # dynamic_scatter's max traceback workspace is declared, so it is a placeholder like the tensors
+    # dynamic_scatter's max workspaces (the voxel buckets) are declared, so they are placeholders
+    # like the tensors
     scatter = get("dynamic_scatter_backward")
     calls, problem = traced(scatter, reduce_type="max")
-    assert [name for name, _ in calls] == ["max_init", "max_traceback", "max_scatter"]
-    assert "reduce_from" in {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
+    assert [name for name, _ in calls] == ["max_buckets", "max_voxels", "max_unbucketed"]
+    assert {"order", "start"} <= {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
 
     def allocating_launch(self, kernels, problem, tensors):  # a workspace launch makes on the host
         kernels[self.kernel_names[0]](np.empty(4, np.float32))

@@ -29,7 +29,7 @@ from ... import interop
 from ...interop import zero as _zero
 from ..base import Operator
 from . import schedule
-from .compute import kernel_computes
+from .compute import kernel_computes, voxel_owner_computes
 
 
 def voxel_num_value(voxel_num):
@@ -61,7 +61,8 @@ def _first_int(values) -> int:
 
 class DynamicScatterBackward(Operator):
     name = "dynamic_scatter_backward"
-    kernel_names = ("max_init", "max_traceback", "max_scatter", "sum_scatter", "mean_scatter")
+    kernel_names = ("max_init", "max_traceback", "max_scatter", "sum_scatter", "mean_scatter", "max_buckets",
+                    "max_voxels", "max_voxels_small", "max_unbucketed")
     recipe = schedule
 
     # --- contract -----------------------------------------------------------
@@ -91,14 +92,20 @@ class DynamicScatterBackward(Operator):
             return {"threads_x": policy.WARP, "threads_y": pol.warps(int(knobs["threads"]))}
         # channels per owner step: lanes_mult whole SIMD registers (the NFU alignment)
         return {"vec": pol.vector(int(knobs["lanes_mult"])),
-                "unroll_points": int(knobs["unroll_points"])}
+                "unroll_points": int(knobs["unroll_points"]), "max_owners": knobs["max_owners"]}
 
     def computes(self, dtype, plan, model):
-        return kernel_computes(dtype)
+        widths = (plan["vec"], 1) if model.kind == "llvm" else (1, 1)
+        return {**kernel_computes(dtype), **voxel_owner_computes(dtype, widths)}
+
+    def _by_voxels(self, problem, plan) -> bool:
+        return problem.device == "cpu" and plan.get("max_owners") == "voxels"
 
     def workspaces(self, problem, plan):
         if problem.params["reduce_type"] != "max" or problem.notes["voxel_num"] == 0:
             return {}
+        if self._by_voxels(problem, plan):  # each voxel's points: order[start[v]:start[v + 1]]
+            return {"order": ((problem.sizes["N"],), "int32"), "start": ((problem.sizes["M"] + 1,), "int32")}
         # the traceback: the index of the first point reaching each (voxel, channel) maximum,
         # M*C*4 bytes (mlu-ops uses N*C*4)
         return {"reduce_from": ((problem.sizes["M"], problem.sizes["C"]), "int32")}
@@ -111,7 +118,13 @@ class DynamicScatterBackward(Operator):
             _zero(out)
             return
         p2v, g = tensors["point2voxel_map"], tensors["grad_voxel_feats"]
-        if reduce_type == "max":
+        if reduce_type == "max" and self._by_voxels(problem, kernels.plan):
+            feats, order, start = tensors["feats"], tensors["order"], tensors["start"]
+            kernels["max_buckets"](p2v, order, start, voxel_num)
+            small = problem.sizes["C"] < kernels.plan["vec"]
+            kernels["max_voxels_small" if small else "max_voxels"](g, feats, tensors["voxel_feats"], order, start, out)
+            kernels["max_unbucketed"](p2v, out, voxel_num)
+        elif reduce_type == "max":
             reduce_from = tensors["reduce_from"]
             kernels["max_init"](reduce_from, problem.sizes["N"])
             kernels["max_traceback"](tensors["feats"], tensors["voxel_feats"], p2v, reduce_from, voxel_num)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from ..point_vectors import point, vectors
+
 def kernel_computes(dtype: str) -> dict:
     """Schedule-free TensorIR of the five kernels; N, M and C stay symbolic and
     voxel_num is a runtime int32 argument of every kernel that reads voxels."""
@@ -104,3 +106,98 @@ def kernel_computes(dtype: str) -> dict:
 
     return {"max_init": max_init, "max_traceback": max_traceback, "max_scatter": max_scatter,
             "sum_scatter": sum_scatter, "mean_scatter": mean_scatter}
+
+
+def voxel_owner_computes(dtype: str, widths: tuple) -> dict:
+    """The CPU's max plan by voxel owners: `max_buckets` (serial) lists each valid voxel's
+    points in index order (a counting sort of point2voxel_map: order, start), then
+    `max_voxels` walks each voxel's points per channel vector twice: the first point whose
+    feature equals the voxel's max (exactly, so NaN never matches) is found, then each of
+    its points' gradient row written (g there, 0 elsewhere); `max_unbucketed` zeroes the
+    rows of points in no valid voxel. The same winner as the traceback's min (the smallest
+    matching index): the same bits. `widths`: channels per vector of max_voxels and
+    max_voxels_small."""
+
+    @T.prim_func(s_tir=True)
+    def max_buckets(map_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_num: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        N, M1 = T.int32(), T.int32()
+        point2voxel_map = T.match_buffer(map_h, (N,), "int32")
+        order = T.match_buffer(order_h, (N,), "int32")
+        start = T.match_buffer(start_h, (M1,), "int32")  # M + 1
+        for unit in range(1):
+            with T.sblock("buckets"):
+                T.reads(point2voxel_map[0:N])
+                T.writes(order[0:N], start[0:M1])
+                valid = T.Bind(T.min(voxel_num, M1 - 1))
+                for v in range(M1):
+                    start[v] = 0
+                for n in range(N):  # start[v + 1]: the points of voxel v
+                    v = T.Bind(point2voxel_map[n])
+                    if 0 <= v and v < valid:
+                        start[v + 1] = start[v + 1] + 1
+                for v in range(M1 - 1):
+                    start[v + 1] = start[v + 1] + start[v]
+                for n in range(N):  # start[v] advances to voxel v's end while it fills
+                    v = T.Bind(point2voxel_map[n])
+                    if 0 <= v and v < valid:
+                        order[start[v]] = n
+                        start[v] = start[v] + 1
+                for back in range(M1 - 1):  # back to the starts: start[v] = the end of v - 1
+                    start[M1 - 1 - back] = start[M1 - 2 - back]
+                start[0] = 0
+
+    def voxels(lanes):
+        @T.prim_func(s_tir=True)
+        def max_voxels(grad_voxel_feats_h: T.handle, feats_h: T.handle, voxel_feats_h: T.handle,
+                       order_h: T.handle, start_h: T.handle, grad_feats_h: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            N, M, C, M1 = T.int32(), T.int32(), T.int32(), T.int32()
+            grad_voxel_feats = T.match_buffer(grad_voxel_feats_h, (M, C), dtype)
+            feats = T.match_buffer(feats_h, (N, C), dtype)
+            voxel_feats = T.match_buffer(voxel_feats_h, (M, C), dtype)
+            order = T.match_buffer(order_h, (N,), "int32")
+            start = T.match_buffer(start_h, (M1,), "int32")
+            grad_feats = T.match_buffer(grad_feats_h, (N, C), dtype)
+            for v, o in T.grid(M, vectors(C, lanes)):
+                with T.sblock("voxel"):
+                    vv, vo = T.axis.remap("SS", [v, o])
+                    T.reads(grad_voxel_feats[vv, 0:C], feats[0:N, 0:C], voxel_feats[vv, 0:C], order[0:N],
+                            start[vv:vv + 2])
+                    T.writes(grad_feats[0:N, 0:C])
+                    first = T.alloc_buffer((lanes,), "int32", scope="local")
+                    for lane in T.vectorized(lanes):
+                        first[lane] = N
+                    for i in range(start[vv], start[vv + 1]):
+                        n = T.Bind(order[i])
+                        for lane in T.vectorized(lanes):
+                            c = T.meta_var(point(C, lanes, vo, lane))
+                            first[lane] = T.Select(first[lane] == N and feats[n, c] == voxel_feats[vv, c], n,
+                                                   first[lane])
+                    for i in range(start[vv], start[vv + 1]):
+                        n = T.Bind(order[i])
+                        for lane in T.vectorized(lanes):
+                            c = T.meta_var(point(C, lanes, vo, lane))
+                            grad_feats[n, c] = T.Select(first[lane] == n, grad_voxel_feats[vv, c], T.cast(0, dtype))
+
+        return max_voxels
+
+    @T.prim_func(s_tir=True)
+    def max_unbucketed(map_h: T.handle, grad_feats_h: T.handle, voxel_num: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        N, C = T.int32(), T.int32()
+        point2voxel_map = T.match_buffer(map_h, (N,), "int32")
+        grad_feats = T.match_buffer(grad_feats_h, (N, C), dtype)
+        for n, c in T.grid(N, C):
+            with T.sblock("zero"):
+                vn, vc = T.axis.remap("SS", [n, c])
+                T.reads(point2voxel_map[vn])
+                T.writes(grad_feats[vn, vc])
+                v = T.Bind(point2voxel_map[vn])
+                # M is grad_feats' business here: voxel_num <= M (the rules), so this is the
+                # complement of max_buckets' test
+                if not (0 <= v and v < voxel_num):
+                    grad_feats[vn, vc] = T.cast(0, dtype)
+
+    return {"max_buckets": max_buckets, "max_voxels": voxels(widths[0]), "max_voxels_small": voxels(widths[1]),
+            "max_unbucketed": max_unbucketed}

@@ -1,19 +1,29 @@
 """Schedule recipes for dynamic_scatter_backward (knobs: schedules/dynamic_scatter_backward.yaml).
 
-CPU: owner-computes, no atomics. The traceback's owners are channel blocks of plan["vec"]
-channels: each walks every point in index order and min-updates its slice of the voxel's
-reduce_from row, so no two threads touch one element and min makes the order irrelevant
-(identical bits on every thread count). init and the scatters: owners are rows.
+CPU: owner-computes, no atomics. max, by default (knob max_owners: voxels): a counting
+sort lists each voxel's points, then a task per voxel finds each channel's first matching
+point and writes its points' rows (compute.voxel_owner_computes). max_owners: channels,
+the traceback's owners are channel blocks of plan["vec"] channels: each walks every point
+in index order and min-updates its slice of the voxel's reduce_from row, so no two
+threads touch one element and min makes the order irrelevant (identical bits on every
+thread count). init and the scatters: owners are rows.
 CUDA: threadIdx.x = 32 consecutive channels, threadIdx.y = rows, blockIdx.x = row chunks;
 the traceback's min-update becomes atomicMin on the int32 workspace.
 """
 
 from ..atomics import atomicize
 
-BLOCKS = {"max_init": "init", "max_traceback": "traceback"}  # the rest: "scatter"
+BLOCKS = {"max_init": "init", "max_traceback": "traceback", "max_unbucketed": "zero"}  # the rest: "scatter"
+VOXEL_OWNERS = ("max_buckets", "max_voxels", "max_voxels_small")  # the CPU's max plan by voxels
 
 
 def llvm(sch, kernel, model, plan):
+    if kernel in VOXEL_OWNERS:
+        # max_buckets: one serial walk; max_voxels: a task per voxel (its lane loop is
+        # vectorised in the compute)
+        if kernel != "max_buckets":
+            sch.parallel(sch.get_loops(sch.get_sblock("voxel"))[0])
+        return
     vec = plan["vec"]
     block = sch.get_sblock(BLOCKS.get(kernel, "scatter"))
     rows, channels = sch.get_loops(block)
@@ -33,6 +43,12 @@ def llvm(sch, kernel, model, plan):
 
 
 def cuda(sch, kernel, model, plan):
+    if kernel == "max_buckets":  # the CPU's plan: never launched on CUDA, one thread
+        sch.bind(sch.get_loops(sch.get_sblock("buckets"))[0], "threadIdx.x")
+        return
+    if kernel in ("max_voxels", "max_voxels_small"):
+        sch.bind(sch.get_loops(sch.get_sblock("voxel"))[0], "blockIdx.x")
+        return
     if kernel == "max_traceback":
         atomicize(sch, "traceback", "min")
     block = sch.get_sblock(BLOCKS.get(kernel, "scatter"))
