@@ -15,8 +15,13 @@ GPU, any thread count) gives the same bits. The scatter is written in its owner-
 (gather) form: each point owns its output row and takes g[v, c] exactly when
 reduce_from[v, c] == n, which is bit-identical to mlu-ops' scatter (each (v, c) names one
 point) and writes every output element once: no zero-fill, no write conflicts.
-All indexed accesses sit under the validity test of v, and reduce_from is compared, never
-used as an index, so no input (map entries of -1, >= voxel_num, >= M) reaches outside a buffer.
+The CPU's max runs by voxel owners instead (knob max_owners: voxels, compute.
+voxel_owner_computes): a counting sort lists each voxel's points in index order, and a
+task per voxel and channel vector takes its first point equal to the max and writes its
+points' rows: the same winner, and each output row written by one task.
+All indexed accesses sit under the validity test of v, reduce_from is compared, never
+used as an index, and the voxel lists index only points a valid v bucketed, so no input
+(map entries of -1, >= voxel_num, >= M) reaches outside a buffer.
 """
 
 from __future__ import annotations
