@@ -71,12 +71,22 @@ def test_io_formula_by_parameter_value(tmp_path):
     (BY_MODE.replace("{b: ", "{c: "), "theory.io_bytes_by.mode"),
     (BY_MODE.replace('{b: "B*N"}', '{b: "B*Q"}'), "theory.io_bytes_by.mode.b"),
     (BY_MODE.replace("io_bytes_by: {mode:", "io_bytes_by: {nomode:"), "theory.io_bytes_by"),
+    (GOOD.replace("zero_elements:", "counted: [N]\nzero_elements:"), "counted"),  # an input's size
+    (GOOD.replace("zero_elements:", "exact: [x]\nzero_elements:"), "exact"),  # not an output
 ])
 def test_malformed_spec_names_file_and_key(tmp_path, bad, key):
     with pytest.raises(SpecError) as info:
         spec.parse(write(tmp_path, bad))
     assert "demo_op.yaml" in str(info.value)
     assert f"'{key}" in str(info.value)
+
+
+def test_counted_and_exact_outputs_parse(tmp_path):
+    text = GOOD.replace("y: {dims: [B, N], dtype_of: x}", "y: {dims: [M, N], dtype_of: x}").replace(
+        "zero_elements:", "counted: [M]\nexact: [y]\nzero_elements:").replace("shape: {B: 2, N: 3}",
+                                                                             "shape: {B: 2, N: 3, M: 1}")
+    s = spec.parse(write(tmp_path, text))
+    assert s.counted == ("M",) and s.exact == ("y",)
 
 
 def test_invalid_yaml_names_the_file(tmp_path):
