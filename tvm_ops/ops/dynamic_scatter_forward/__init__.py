@@ -21,6 +21,7 @@ from __future__ import annotations
 from ... import policy
 from ...errors import BadParamError
 from ..base import Operator
+from ..point_vectors import plan_vector
 from . import schedule
 from .compute import FIXED_COLUMNS, KERNELS, fill_computes, group_computes
 
@@ -40,14 +41,13 @@ class DynamicScatterForward(Operator):
         if model.kind == "cuda":
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
             return dict(plan, threads=int(knobs["threads"]))
-        lanes = model.lanes("float32")
-        return dict(plan, vector=max(lanes, int(knobs["vector"]) // lanes * lanes), lanes=lanes,
+        return dict(plan, vector=plan_vector(model, knobs)["vector"], lanes=model.lanes("float32"),
                     prefetch_points=int(knobs["prefetch_points"]))
 
     def computes(self, dtype, plan, model):
         if model.kind == "cuda":  # a thread per channel: every width is 1
             return {**group_computes(), **fill_computes(dtype, (1, 1, 1), 0)}
-        widths = (int(plan["vector"]), model.lanes("float32"), 1)
+        widths = (int(plan["vector"]), int(plan["lanes"]), 1)
         return {**group_computes(), **fill_computes(dtype, widths, int(plan["prefetch_points"]))}
 
     def workspaces(self, problem, plan):
