@@ -6,7 +6,10 @@ same run.
 The io efficiency of a case is against its roofline: the stream (DRAM) bandwidth, or,
 when the case's bytes fit in half of a cache level of the CPU (all cores' L2, or the L3),
 that level's bandwidth, measured in the same run by the same copy kernel over a buffer
-of the case's size (the data stays in the cache between repeats, as the case's does)."""
+of the case's size (the data stays in the cache between repeats, as the case's does).
+Where a case is bound by where its bytes are rather than how many (corner gathers: the
+testing module's `access_pattern`), the roofline is the time of its accesses alone, in
+its kernel's order (tvm_ops/access_pattern.py), measured in the same run."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checks, dispatch, records, runner
+from .access_pattern import pattern_seconds
 from .targets import TargetModel
 from .testing import material
 
@@ -38,7 +42,9 @@ class BenchLine:
     speedup: float | None  # peer_ms / median_ms
     other_peers: dict = field(default_factory=dict)  # the other torch formulations: name -> ms
     peer: str | None = None  # the fastest formulation's name
-    roofline: str = "DRAM"  # the bandwidth io_efficiency is against: DRAM, L3 or L2
+    # what io_efficiency is against: the bandwidth of DRAM, L3 or L2, or an access pattern's
+    # time (gather, scatter, gather+scatter) as the bandwidth io bytes / that time
+    roofline: str = "DRAM"
     roofline_gbps: float = 0.0
 
     def text(self) -> str:
@@ -48,7 +54,7 @@ class BenchLine:
         others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
         return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {self.origin:16s} "
                 f"{self.median_ms:9.3f} ms "
-                f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%} of {self.roofline:4s} "
+                f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%} of {self.roofline:14s} "
                 f"{self.roofline_gbps:6.1f} GB/s  compute {compute}  {peer}{others}")
 
 
@@ -203,6 +209,12 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
+    pattern_of = getattr(material(op), "access_pattern", None)
+    if pattern_of is not None and model.kind == "llvm" and not model.mtriple and io_bytes:
+        # the case's accesses themselves (its streams included), where its bytes are not
+        # what bounds it (or overstate it: a gather need not touch every row of its table)
+        pattern = pattern_of(inputs, params)
+        bound, bound_bandwidth = pattern.name, io_bytes / pattern_seconds(model, pattern, repeat)
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bound_bandwidth, (ops / seconds / peak) if ops and peak else None,

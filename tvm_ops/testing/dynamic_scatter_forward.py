@@ -135,3 +135,17 @@ def _peer(inputs, params, voxels_of):
     feats, coors = peer_tensor(inputs["feats"]), peer_tensor(inputs["coors"])
     reduce_type = params.get("reduce_type", "max")
     return lambda: dynamic_scatter_pytorch(feats, coors, reduce_type, voxels_of)
+
+
+def access_pattern(inputs, params):
+    """The gathers alone: each voxel sums its points' feature rows, in point order (the
+    voxels lexicographic). The grouping's sort is left out: the pattern is its accesses."""
+    from ..access_pattern import AccessPattern, csr
+
+    feats, coors = inputs["feats"], np.asarray(inputs["coors"])
+    kept = np.flatnonzero((coors >= 0).all(1))
+    _, voxel = np.unique(coors[kept], axis=0, return_inverse=True)
+    voxel = voxel.reshape(-1)
+    offsets, index = csr(voxel, kept, int(voxel.max()) + 1 if voxel.size else 0)
+    return AccessPattern(feats.shape[0], feats.shape[1], offsets, index, gather=True, scatter=False,
+                         dtype=str(feats.dtype))

@@ -118,6 +118,15 @@ def corners(value, levels, start, loc):
     values [q, H, L, P, C]) for corners (0,0), (0,1), (1,0), (1,1)]), in float64 after the
     position."""
     K, H, C = value.shape
+    inside, lh, lw, rows = corner_rows(levels, start, loc, K, H)
+    vflat = value.reshape(K * H, C)
+    found = [(weight, ok, target, np.where(ok[..., None], vflat[target], 0.0)) for weight, ok, target in rows]
+    return inside, lh, lw, found
+
+
+def corner_rows(levels, start, loc, K, H):
+    """(inside, lh, lw, [(weight, used, row of value.reshape(K*H, C)) for corners (0,0),
+    (0,1), (1,0), (1,1)]) of a block of samples loc [q, H, L, P, 2] (row 0 where unused)."""
     L = len(levels)
     hl = levels[:, 0].reshape(1, 1, L, 1)
     wl = levels[:, 1].reshape(1, 1, L, 1)
@@ -139,15 +148,42 @@ def corners(value, levels, start, loc):
     lh, lw = h_im - h_low, w_im - w_low
     hh, hw = 1 - lh, 1 - lw
     head = np.broadcast_to(np.arange(H).reshape(1, H, 1, 1), inside.shape)
-    vflat = value.reshape(K * H, C)
-    found = []
+    rows = []
     for dy, dx, weight in ((0, 0, hh * hw), (0, 1, hh * lw), (1, 0, lh * hw), (1, 1, lh * lw)):
         y, x = h_low + dy, w_low + dx
         row = st + y * wl + x
         ok = inside & (y >= 0) & (y < hl) & (x >= 0) & (x < wl) & (row >= 0) & (row < K)
-        target = np.where(ok, row, 0) * H + head
-        found.append((weight, ok, target, np.where(ok[..., None], vflat[target], 0.0)))
-    return inside, lh, lw, found
+        rows.append((weight, ok, np.where(ok, row, 0) * H + head))
+    return inside, lh, lw, rows
+
+
+def access_pattern(inputs, params, gather=True, scatter=True):
+    """The corners alone, in the CPU kernels' order: a (b, h) slice's value rows contiguous
+    (the private copy's layout); the backward walks each slice level by level, each
+    (level, query) reading its samples' used corner rows (gather) and adding to the same
+    rows of grad_value (scatter), in (point, corner) order; the forward (gather only)
+    walks a slice's queries, each over (level, point, corner)."""
+    from ..access_pattern import AccessPattern, fixed_groups, offsets_of
+
+    value, loc = inputs["value"], inputs["sampling_loc"]
+    B, K, H, C = value.shape
+    levels = np.asarray(inputs["spatial_shapes"], np.int64).reshape(-1, 2)
+    start = np.asarray(inputs["level_start_index"], np.int64).reshape(-1)
+    counts, index = [], []
+    for b in range(B):
+        *_, rows = corner_rows(levels, start, np.asarray(loc[b]), K, H)
+        head = np.arange(H).reshape(1, H, 1, 1, 1)
+        # [Q, H, L, P, 4]: row r of slice (b, h) is table row (b * H + h) * K + r
+        targets = (b * H + head) * K + np.stack([target for _, _, target in rows], -1) // H
+        used = np.stack([ok for _, ok, _ in rows], -1)
+        order = (1, 2, 0, 3, 4) if scatter else (1, 0, 2, 3, 4)  # (h, l, q | p, k) or (h, q | l, p, k)
+        fan = targets.shape[3] * 4 if scatter else targets[0, 0].size
+        group_offsets, group_index = fixed_groups(targets.transpose(order).reshape(-1, fan),
+                                                  used.transpose(order).reshape(-1, fan))
+        counts.append(np.diff(group_offsets))
+        index.append(group_index)
+    return AccessPattern(B * H * K, C, offsets_of(counts), np.concatenate(index) if index else np.zeros(0),
+                         gather, scatter, str(value.dtype))
 
 
 def bilinear_samples(value, levels, start, loc):

@@ -51,3 +51,8 @@ def output(value, spatial_shapes, level_start_index, sampling_loc, attn_weight):
         attn = np.asarray(attn_weight[b, q], np.float64)
         out[b, q] = (samples * attn[..., None]).sum(axis=(2, 3))
     return out
+
+
+def access_pattern(inputs, params):
+    """The corners alone: each (b, q, h) sums the used bilinear corner rows of its samples."""
+    return backward.access_pattern(inputs, params, scatter=False)

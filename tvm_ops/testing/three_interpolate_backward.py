@@ -103,3 +103,4 @@ def _scatter_add_peer(inputs, params):
 
 def _torch_inputs(inputs):
     return (peer_tensor(inputs[k]) for k in ("grad_output", "indices", "weights"))
+

@@ -77,3 +77,4 @@ def _index_select_peer(inputs):
                             for b in range(f.shape[0])])
 
     return run
+

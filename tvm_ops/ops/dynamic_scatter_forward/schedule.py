@@ -13,6 +13,9 @@ from .compute import KERNELS
 SERIAL = {"group_rows": "group", "group_rows_d3": "group", "group_rows_d4": "group", "chunk_offsets": "offsets"}
 ELEMENTWISE = {"bitonic_init": "init", "bitonic_step": "step", "head_flags": "heads", "chunk_totals": "totals",
                "chunk_scan": "scan", "segment_starts": "starts", "voxel_rows": "rows", "point_map": "map"}
+# point_map's writes land at random points of the map: split over the CPU's cores, both
+# write the same cache lines, which then move between the cores (3x slower than one core)
+CPU_SERIAL = {"point_map"}
 
 
 def _reduce_block(kernel):
@@ -24,7 +27,7 @@ def llvm(sch, kernel, model, plan):
     compute (vectorised there), each task a voxel: its points' rows gathered in point order."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    if kernel in SERIAL:
+    if kernel in SERIAL or kernel in CPU_SERIAL:
         return
     name = ELEMENTWISE.get(kernel) or _reduce_block(kernel)
     loops = sch.get_loops(sch.get_sblock(name))

@@ -1,0 +1,190 @@
+"""Access-pattern rooflines: the time of a case's random memory accesses alone.
+
+Some kernels are bound neither by their bytes nor by their flops but by where the bytes
+are: bilinear corners gathered at random rows, updates scattered to rows that other
+updates also hit. Their roofline is a microbenchmark of that pattern: the same row
+addresses in the same order, summed (a gather) or added to (a scatter), with no other
+arithmetic. A case's testing module states its pattern (`access_pattern(inputs, params)`);
+the bench times it in the same run and takes it as the roofline when it is slower than the
+case's bytes at the bandwidth roofline.
+
+A pattern is a [R, W] table and G groups in CSR form: group g touches the rows
+index[offsets[g]:offsets[g + 1]]. gather: out[g] = the sum of those rows (a [G, W] write);
+scatter: the table zeroed, then each of those rows += src[g] (a [G, W] read). The groups run over the cores;
+scattered updates to a shared row race between them (wrong sums, the fastest the pattern
+can go: a lower bound on any correct kernel's time). The rows are contiguous in the table,
+the layout most favourable to the accesses, whatever the operator's own layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+VECTOR = 256  # elements per step of a group's walk: W itself up to this, else its widest divisor below it
+# the walk prefetches the row this many entries on (rows at random: no hardware prefetcher
+# follows them); the roofline is the fastest of these distances
+AHEADS = (8, 16, 32)
+
+
+@dataclass
+class AccessPattern:
+    rows: int  # R: the table's rows
+    width: int  # W: elements per row
+    offsets: np.ndarray  # [G + 1] int32: group g's entries are index[offsets[g]:offsets[g + 1]]
+    index: np.ndarray  # [E] int32 rows of the table, each in [0, R)
+    gather: bool
+    scatter: bool
+    dtype: str = "float32"
+
+    @property
+    def name(self) -> str:
+        return "+".join(kind for kind, on in (("gather", self.gather), ("scatter", self.scatter)) if on)
+
+    def __post_init__(self):
+        self.offsets = np.ascontiguousarray(self.offsets, np.int32)
+        self.index = np.ascontiguousarray(self.index, np.int32)
+        if self.index.size and not (0 <= self.index.min() and self.index.max() < self.rows):
+            raise ValueError("access pattern: an index outside the table's rows")
+        if self.offsets[0] != 0 or self.offsets[-1] != self.index.size or (np.diff(self.offsets) < 0).any():
+            raise ValueError("access pattern: offsets must rise from 0 to the index's length")
+
+
+def csr(groups: np.ndarray, index: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets [count + 1], index) grouping the entries `index` by their group number
+    `groups` (each in [0, count)), each group's entries in their given order."""
+    groups = np.asarray(groups, np.int64).reshape(-1)
+    order = np.argsort(groups, kind="stable")
+    return offsets_of(np.bincount(groups, minlength=count)), np.asarray(index).reshape(-1)[order]
+
+
+def fixed_groups(index: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, index) for [G, K] entries of which `used` are touched, in row-major order."""
+    index, used = np.asarray(index).reshape(len(index), -1), np.asarray(used, bool).reshape(len(index), -1)
+    return offsets_of(used.sum(1)), index[used]
+
+
+def offsets_of(counts) -> np.ndarray:
+    """CSR offsets [G + 1] from the entries per group (an array, or a list of arrays in turn)."""
+    counts = np.concatenate([np.asarray(c, np.int64).reshape(-1) for c in counts]) if isinstance(counts, list) \
+        else np.asarray(counts, np.int64).reshape(-1)
+    offsets = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def pattern_seconds(model, pattern: AccessPattern, repeat: int) -> float:
+    """Seconds of the pattern on this CPU: the fastest prefetch distance's median (each
+    repeat enough runs for ~2 ms)."""
+    rng = np.random.default_rng(0)
+    table = rng.uniform(-1, 1, (pattern.rows, pattern.width))
+    args = _arguments(pattern, table, rng.uniform(-1, 1, (len(pattern.offsets) - 1, pattern.width)))
+    best = float("inf")
+    for ahead in AHEADS:
+        lib = _kernel(model, _vector(pattern.width), ahead, pattern.gather, pattern.scatter, pattern.dtype)
+        once = lib.time_evaluator("pattern", _device(), number=1, repeat=1)(*args).mean
+        number = max(1, int(2e-3 / max(once, 1e-7)))
+        best = min(best, lib.time_evaluator("pattern", _device(), number=number, repeat=repeat)(*args).median)
+    return best
+
+
+def run_pattern(model, pattern: AccessPattern, table: np.ndarray, src: np.ndarray, ahead: int = AHEADS[0]):
+    """(updated table, out) of one run of the pattern's kernel: what its sums are (for the
+    tests; with scattered rows shared between groups on several cores, `updated` races)."""
+    args = _arguments(pattern, table, src)
+    _kernel(model, _vector(pattern.width), ahead, pattern.gather, pattern.scatter, pattern.dtype)["pattern"](*args)
+    return args[1].numpy(), args[3].numpy()
+
+
+def _device():
+    import tvm
+
+    return tvm.cpu()
+
+
+def _arguments(pattern: AccessPattern, table: np.ndarray, src: np.ndarray) -> list:
+    """The kernel's tensors: table, updated (the scatter's target), src, out, offsets, index."""
+    import tvm
+
+    dev, dtype = _device(), pattern.dtype
+    groups = len(pattern.offsets) - 1
+    return [tvm.runtime.tensor(np.asarray(table, dtype), dev),
+            tvm.runtime.tensor(np.full((pattern.rows, pattern.width), np.nan, dtype), dev),
+            tvm.runtime.tensor(np.asarray(src, dtype).reshape(groups, pattern.width), dev),
+            tvm.runtime.empty((groups, pattern.width), dtype, dev),
+            tvm.runtime.tensor(pattern.offsets, dev), tvm.runtime.tensor(pattern.index, dev)]
+
+
+def _vector(width: int) -> int:
+    """A step's elements: all W in one (sums in registers) unless W is wider than VECTOR."""
+    return max(d for d in range(1, min(width, VECTOR) + 1) if width % d == 0)
+
+
+_kernels: dict = {}
+
+
+def _kernel(model, vector: int, ahead: int, gather: bool, scatter: bool, dtype: str):
+    """The pattern kernel: groups over the cores, each group's rows walked `vector`
+    elements at a time (a vectorised lane loop), float32 sums, each entry prefetching the
+    row `ahead` entries on (as an optimised gather does: a roofline must be the pattern's best)."""
+    key = (model.key, vector, ahead, gather, scatter, dtype)
+    if key in _kernels:
+        return _kernels[key]
+    import tvm
+    from tvm.script import tirx as T
+
+    from .ops.prefetch import prefetch_words
+
+    f32 = "float32"
+    # whole vector registers, `parts` of them per step (an odd-sized vector, e.g. 80 lanes,
+    # compiles to lane shuffles)
+    lanes = 1
+    while lanes < model.lanes("float32") and vector % (2 * lanes) == 0:
+        lanes *= 2
+    parts = vector // lanes
+
+    @T.prim_func(s_tir=True)
+    def pattern(table_h: T.handle, updated_h: T.handle, src_h: T.handle, out_h: T.handle, offsets_h: T.handle,
+                index_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        R, W, G, G1, E = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        table = T.match_buffer(table_h, (R, W), dtype)
+        updated = T.match_buffer(updated_h, (R, W), dtype)
+        src = T.match_buffer(src_h, (G, W), dtype)
+        out = T.match_buffer(out_h, (G, W), dtype)
+        offsets = T.match_buffer(offsets_h, (G1,), "int32")
+        index = T.match_buffer(index_h, (E,), "int32")
+        if scatter:  # a scattered output is written whole: zeroed first, as the kernels do
+            for r in T.parallel(R):
+                for step in range(W // vector):
+                    for part in T.unroll(parts):
+                        for lane in T.vectorized(lanes):
+                            updated[r, step * vector + part * lanes + lane] = T.Cast(dtype, 0)
+        for g in T.parallel(G):
+            for step in range(W // vector):
+                acc = T.alloc_buffer((vector,), f32, scope="local")
+                for part in T.unroll(parts):
+                    for lane in T.vectorized(lanes):
+                        acc[part * lanes + lane] = T.float32(0)
+                for e in range(offsets[g], offsets[g + 1]):
+                    row = T.Bind(index[e])
+                    later = T.Bind(index[T.min(e + ahead, E - 1)])
+                    prefetch_words(lambda i: (table if gather else updated)[later, step * vector + i], vector,
+                                   1 if scatter else 0)
+                    for part in T.unroll(parts):
+                        for lane in T.vectorized(lanes):
+                            at = T.meta_var(step * vector + part * lanes + lane)
+                            if gather:
+                                acc[part * lanes + lane] = acc[part * lanes + lane] + T.Cast(f32, table[row, at])
+                            if scatter:
+                                updated[row, at] = updated[row, at] + src[g, at]
+                if gather:
+                    for part in T.unroll(parts):
+                        for lane in T.vectorized(lanes):
+                            out[g, step * vector + part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
+
+    lib = tvm.tirx.build(tvm.IRModule({"pattern": pattern.with_attr("global_symbol", "pattern")}),
+                         target=model.tvm_target())
+    _kernels[key] = lib
+    return lib
