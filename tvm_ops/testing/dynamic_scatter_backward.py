@@ -115,4 +115,3 @@ def _grouped_max(values: np.ndarray, groups: np.ndarray, count: int, fill: float
     starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
     out[g[starts]] = np.maximum.reduceat(vals, starts, axis=0)
     return out
-

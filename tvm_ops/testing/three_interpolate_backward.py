@@ -103,4 +103,3 @@ def _scatter_add_peer(inputs, params):
 
 def _torch_inputs(inputs):
     return (peer_tensor(inputs[k]) for k in ("grad_output", "indices", "weights"))
-

@@ -77,4 +77,3 @@ def _index_select_peer(inputs):
                             for b in range(f.shape[0])])
 
     return run
-

@@ -97,4 +97,3 @@ def torch_peer(inputs, formulation: str):
         return torch.index_select(table, 0, rows, out=out.view(B * N, C)).view(B, N, C)
 
     return run
-
