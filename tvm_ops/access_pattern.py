@@ -4,14 +4,14 @@ Some kernels are bound neither by their bytes nor by their flops but by where th
 are: bilinear corners gathered at random rows, updates scattered to rows that other
 updates also hit. Their roofline is a microbenchmark of that pattern: the same row
 addresses in the same order, summed (a gather) or added to (a scatter), with no other
-arithmetic. A case's testing module states its pattern (`access_pattern(inputs, params)`);
-the bench times it in the same run and takes it as the roofline when it is slower than the
-case's bytes at the bandwidth roofline.
+arithmetic. A case's testing module states its pattern (`access_pattern(inputs, params)`),
+in its CPU kernel's order; the bench times it in the same run (`bench.pattern_seconds`)
+and takes it as the case's roofline in place of the bytes one.
 
 A pattern is a [R, W] table and G groups in CSR form: group g touches the rows
 index[offsets[g]:offsets[g + 1]]. gather: out[g] = the sum of those rows (a [G, W] write);
-scatter: the table zeroed, then each of those rows += src[g] (a [G, W] read). The groups run over the cores;
-scattered updates to a shared row race between them (wrong sums, the fastest the pattern
+scatter: the table zeroed, then each of those rows += src[g] (a [G, W] read). The groups
+run over the cores; scattered updates to a shared row race between them (wrong sums, the fastest the pattern
 can go: a lower bound on any correct kernel's time). The rows are contiguous in the table,
 the layout most favourable to the accesses, whatever the operator's own layout.
 """
@@ -74,40 +74,26 @@ def offsets_of(counts) -> np.ndarray:
     return offsets
 
 
-def pattern_seconds(model, pattern: AccessPattern, repeat: int) -> float:
-    """Seconds of the pattern on this CPU: the fastest prefetch distance's median (each
-    repeat enough runs for ~2 ms)."""
+def timing_arguments(pattern: AccessPattern) -> list:
+    """The kernel's tensors for timing: a random table and source rows."""
     rng = np.random.default_rng(0)
     table = rng.uniform(-1, 1, (pattern.rows, pattern.width))
-    args = _arguments(pattern, table, rng.uniform(-1, 1, (len(pattern.offsets) - 1, pattern.width)))
-    best = float("inf")
-    for ahead in AHEADS:
-        lib = _kernel(model, _vector(pattern.width), ahead, pattern.gather, pattern.scatter, pattern.dtype)
-        once = lib.time_evaluator("pattern", _device(), number=1, repeat=1)(*args).mean
-        number = max(1, int(2e-3 / max(once, 1e-7)))
-        best = min(best, lib.time_evaluator("pattern", _device(), number=number, repeat=repeat)(*args).median)
-    return best
+    return _arguments(pattern, table, rng.uniform(-1, 1, (len(pattern.offsets) - 1, pattern.width)))
 
 
 def run_pattern(model, pattern: AccessPattern, table: np.ndarray, src: np.ndarray, ahead: int = AHEADS[0]):
     """(updated table, out) of one run of the pattern's kernel: what its sums are (for the
     tests; with scattered rows shared between groups on several cores, `updated` races)."""
     args = _arguments(pattern, table, src)
-    _kernel(model, _vector(pattern.width), ahead, pattern.gather, pattern.scatter, pattern.dtype)["pattern"](*args)
+    kernel(model, pattern, ahead)["pattern"](*args)
     return args[1].numpy(), args[3].numpy()
-
-
-def _device():
-    import tvm
-
-    return tvm.cpu()
 
 
 def _arguments(pattern: AccessPattern, table: np.ndarray, src: np.ndarray) -> list:
     """The kernel's tensors: table, updated (the scatter's target), src, out, offsets, index."""
     import tvm
 
-    dev, dtype = _device(), pattern.dtype
+    dev, dtype = tvm.cpu(), pattern.dtype
     groups = len(pattern.offsets) - 1
     return [tvm.runtime.tensor(np.asarray(table, dtype), dev),
             tvm.runtime.tensor(np.full((pattern.rows, pattern.width), np.nan, dtype), dev),
@@ -124,10 +110,12 @@ def _vector(width: int) -> int:
 _kernels: dict = {}
 
 
-def _kernel(model, vector: int, ahead: int, gather: bool, scatter: bool, dtype: str):
-    """The pattern kernel: groups over the cores, each group's rows walked `vector`
-    elements at a time (a vectorised lane loop), float32 sums, each entry prefetching the
-    row `ahead` entries on (as an optimised gather does: a roofline must be the pattern's best)."""
+def kernel(model, pattern: AccessPattern, ahead: int):
+    """The pattern's kernel (built once per process per vector, `ahead`, kind and dtype):
+    groups over the cores, each group's rows walked `vector` elements at a time (a
+    vectorised lane loop), float32 sums, each entry prefetching the row `ahead` entries on
+    (as an optimised gather does: a roofline must be the pattern's best)."""
+    vector, gather, scatter, dtype = _vector(pattern.width), pattern.gather, pattern.scatter, pattern.dtype
     key = (model.key, vector, ahead, gather, scatter, dtype)
     if key in _kernels:
         return _kernels[key]

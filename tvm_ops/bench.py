@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import checks, dispatch, records, runner
-from .access_pattern import pattern_seconds
+from . import access_pattern, checks, dispatch, records, runner
 from .targets import TargetModel
 from .testing import material
 
@@ -86,10 +85,30 @@ def copy_bandwidth(model: TargetModel, nbytes: int, repeat: int = 10) -> float:
     rows = max(1, nbytes // 2 // (_COPY_ROW * 4))
     a = tvm.runtime.tensor(np.ones((rows, _COPY_ROW), "float32"), dev)
     b = tvm.runtime.empty((rows, _COPY_ROW), "float32", dev)
-    once = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=1)(a, b).mean
+    return 2 * rows * _COPY_ROW * 4 / sustained_median(lib, lib.entry_name, dev, [a, b], repeat)
+
+
+def sustained_median(lib, name: str, dev, args: list, repeat: int) -> float:
+    """Median seconds of one call of lib[name](*args), each repeat timed over enough calls to
+    last ~2 ms (a microsecond kernel is not timed by one call)."""
+    once = lib.time_evaluator(name, dev, number=1, repeat=1)(*args).mean
     number = max(1, int(2e-3 / max(once, 1e-7)))
-    timer = lib.time_evaluator(lib.entry_name, dev, number=number, repeat=repeat)
-    return 2 * rows * _COPY_ROW * 4 / timer(a, b).median
+    return lib.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
+
+
+def pattern_seconds(model: TargetModel, pattern, repeat: int) -> float:
+    """Seconds of an access pattern on this CPU: the median of its fastest prefetch distance."""
+    import tvm
+
+    args = access_pattern.timing_arguments(pattern)
+    return min(sustained_median(access_pattern.kernel(model, pattern, ahead), "pattern", tvm.cpu(), args, repeat)
+               for ahead in access_pattern.AHEADS)
+
+
+def host_cpu(model: TargetModel) -> bool:
+    """Whether the model is this machine's CPU: the only target whose rooflines the bench
+    measures (a cross-compiled CPU's bench runs elsewhere)."""
+    return model.kind == "llvm" and not model.mtriple
 
 
 _COPY_ROW = 256  # floats per row of the copy kernel's [rows, 256] buffers
@@ -135,7 +154,7 @@ def roofline(model: TargetModel, io_bytes: float, stream: float) -> tuple[str, f
     holds them (all cores' L2, then the L3), measured at that size, else DRAM (`stream`)."""
     from .targets import cache_bytes
 
-    if model.kind != "llvm" or model.mtriple:
+    if not host_cpu(model):
         return "DRAM", stream
     l2, l3 = cache_bytes(2), cache_bytes(3)
     for name, size in (("L2", l2 * model.cores if l2 else None), ("L3", l3)):
@@ -152,7 +171,7 @@ def peak_flops(model: TargetModel) -> float | None:
     """Float32 FLOP/s of an FMA loop in TVM on every core (FMA_CHAINS independent vector
     accumulators each; the fastest of 7 runs), measured once per process; None for other
     than this host's CPU."""
-    if model.kind != "llvm" or model.mtriple:
+    if not host_cpu(model):
         return None
     if model.key not in _peaks:
         import tvm
@@ -210,7 +229,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
     pattern_of = getattr(material(op), "access_pattern", None)
-    if pattern_of is not None and model.kind == "llvm" and not model.mtriple and io_bytes:
+    if pattern_of is not None and host_cpu(model) and io_bytes:
         # the case's accesses themselves (its streams included), where its bytes are not
         # what bounds it (or overstate it: a gather need not touch every row of its table)
         pattern = pattern_of(inputs, params)
