@@ -108,7 +108,7 @@ def test_build_dir_is_searched_before_the_cache(tmp_path):
 def test_a_knob_a_dtype_or_a_target_changes_the_key():
     model = targets.resolve("llvm")
     base = dispatch.default_variant(OP, "float32", model)
-    keys = {base.key, build.Variant(OP, "float32", model, dict(base.knobs, c_tile=32), "test").key,
+    keys = {base.key, build.Variant(OP, "float32", model, dict(base.knobs, c_tile=64), "test").key,
             build.Variant(OP, "float16", model, base.knobs, "test").key,
             build.Variant(OP, "float32", targets.resolve("llvm:haswell"), base.knobs, "test").key}
     assert len(keys) == 4

@@ -325,7 +325,7 @@ def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
             problem
 
     calls, _ = traced(OP, CASE)
-    assert [name for name, _ in calls] == [OP.kernel_names[0]]  # the wide kernel: the case has C > 4
+    assert [name for name, _ in calls] == [OP.kernel_names[1]]  # one vector of channels: the case has C = 16
     # dynamic_scatter's max workspaces (the voxel buckets) are declared, so they are placeholders
     # like the tensors
     scatter = get("dynamic_scatter_backward")

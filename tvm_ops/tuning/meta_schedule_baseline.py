@@ -207,7 +207,9 @@ def specialise(func, args: list):
         # specialize binds plain variables only: a dim like 4 * C is passed on as the very same
         # expression, and becomes a constant once C is bound by another buffer
         shape = [n if isinstance(d, (tvm.tirx.Var, tvm.tirx.IntImm)) else d for n, d in zip(arg.shape, param.ty.shape)]
-        binds[param] = tvm.tirx.decl_buffer(shape, str(arg.dtype), name=str(param))
+        # the kernel's own alignment claim (element-aligned kernels take any numpy view)
+        binds[param] = tvm.tirx.decl_buffer(shape, str(arg.dtype), name=str(param),
+                                            data_alignment=param.ty.data_alignment)
     fixed = func.specialize(binds)
     free = sorted({str(d) for p in fixed.params if hasattr(p.ty, "shape") for d in p.ty.shape
                    if not isinstance(d, tvm.tirx.IntImm)})

@@ -4,9 +4,16 @@ grad_features[b, c, m] = sum over (n, k) with indices[b, n, k] == m of
 grad_output[b, c, n] * weights[b, n, k]; indices outside [0, M) contribute
 nothing. Contract: specs/three_interpolate_backward.yaml.
 
-The compute is mlu-ops' owner-computes plan written as TensorIR: an owner is a
-(batch, M-block, C-block) tile of grad_features that accumulates in a float32
-on-chip tile while walking all of N, so owners never write the same element.
+Kernels: mlu-ops' owner-computes plan, an owner a (batch, M-block, C-block) tile of
+grad_features that accumulates in a float32 on-chip tile while walking all of N, so owners
+never write the same element (no atomics, the same bits on every run).
+  CPU: `three_interpolate_backward` (c_tile channels, whole vectors) and `_vector` (one
+      vector of channels) are written in their scheduled form (compute.transposed_compute:
+      grad_output staged by register transposes, which no schedule of the compute emits);
+      `_narrow` is the TensorIR compute with one channel per owner, for few channels
+      against many rows (see launch).
+  CUDA: the TensorIR compute (compute.tiled_compute), a block per owner; every name holds
+      the same kernel but `_narrow` (one channel), and launch runs the first.
 """
 
 from __future__ import annotations
@@ -14,16 +21,28 @@ from __future__ import annotations
 from ... import policy
 from ..base import Operator
 from . import schedule
-from .compute import tiled_compute
+from .compute import KERNELS, tiled_compute, transposed_compute
 
 
-NARROW_SHARE = 4  # measured: see docs/kernels/three_interpolate_backward.md
+def cpu_kernel(sizes: dict, plan: dict) -> str:
+    """The CPU kernel of a call (measured: docs/kernels/three_interpolate_backward.md).
+
+    The vector kernels pay, per owner, a zero-fill and a transposed store of its M rows;
+    the narrow one pays a scalar update per channel and (n, k). So: narrow while its extra
+    updates, (C - 1) * N, are at most M; the one-vector kernel up to WIDE_SHARE c_tile's worth of
+    channels (more, smaller owners balance the cores and waste fewer tail lanes); then c_tile."""
+    channels, points, rows = sizes["C"], sizes["N"], sizes["M"]
+    if (channels - 1) * points <= rows:
+        return KERNELS[2]
+    return KERNELS[0] if channels >= WIDE_SHARE * int(plan["c_tile"]) else KERNELS[1]
+
+
+WIDE_SHARE = 4  # measured: docs/kernels/three_interpolate_backward.md
 
 
 class ThreeInterpolateBackward(Operator):
     name = "three_interpolate_backward"
-    # the second: one channel per owner step (CPU, C far below c_tile: see launch)
-    kernel_names = ("three_interpolate_backward", "three_interpolate_backward_narrow")
+    kernel_names = KERNELS
     recipe = schedule  # the per-target recipes (schedule.llvm, schedule.cuda)
 
     def plan(self, model, knobs):
@@ -31,7 +50,14 @@ class ThreeInterpolateBackward(Operator):
         # budget: the on-chip memory the schedule file names (L2 per core; shared per block)
         pol = policy.for_target(model, self.schedules[model.kind].onchip)
         # Co and No: the knobs; go_t[No, Co] float32 is staged first (the seed sizes N first)
-        c_tile, n_tile = int(knobs["c_tile"]), int(knobs["n_tile"])
+        # (CPU: c_tile in whole vectors, and go_t one [lanes, lanes] square per vector)
+        c_tile = int(knobs["c_tile"])
+        if model.kind == "llvm":
+            if c_tile % pol.lanes:
+                raise ValueError(f"c_tile={c_tile} is not a whole number of {pol.lanes}-lane vectors")
+            n_tile = pol.lanes
+        else:
+            n_tile = int(knobs["n_tile"])
         # Mo = deal_num: acc[Mo, Co] float32 rows from the rest of acc_budget x budget, in
         # whole blocks of 32 rows (a warp of rows on CUDA, whole SIMD vectors on every CPU)
         m_tile = pol.deal_num(knobs["acc_budget"], n_tile * c_tile * 4, 1, 4 * c_tile, align=32)
@@ -41,19 +67,24 @@ class ThreeInterpolateBackward(Operator):
             m_tile = min(m_tile, int(knobs["m_tile_max"]))
         # task split: the B x ceil(M / Mo) x ceil(C / Co) owners go to the cores (TVM's parallel
         # loop on the CPU, one block each on CUDA); the tiles live in the policy's scope
-        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope}
+        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope, "lanes": pol.lanes}
 
     def computes(self, dtype, plan, model):
-        wide, narrow = self.kernel_names
-        return {wide: tiled_compute(dtype, plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"], wide),
-                narrow: tiled_compute(dtype, plan["m_tile"], 1, plan["n_tile"], plan["scope"], narrow)}
+        wide, vector, narrow = KERNELS
+        m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
+        kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}
+        if model.kind == "llvm":
+            lanes = plan["lanes"]
+            kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
+            kernels[vector] = transposed_compute(dtype, lanes, 1, m_tile)
+        else:
+            kernels[wide] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, wide)
+            kernels[vector] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, vector)
+        return kernels
 
     def launch(self, kernels, problem, tensors):
-        # A tile's c_tile lanes cost the same with one real channel as with c_tile: below
-        # NARROW_SHARE of them the CPU runs one channel per step (C = 1: 61 -> 12 us).
-        narrow = problem.device == "cpu" and problem.sizes["C"] * NARROW_SHARE <= int(kernels.plan["c_tile"])
-        kernels[self.kernel_names[1] if narrow else self.kernel_names[0]](
-            tensors["grad_output"], tensors["indices"], tensors["weights"], tensors["grad_features"])
+        name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else KERNELS[0]
+        kernels[name](tensors["grad_output"], tensors["indices"], tensors["weights"], tensors["grad_features"])
 
 
 OP = ThreeInterpolateBackward()

@@ -1,12 +1,17 @@
-"""TensorIR compute of three_interpolate_backward: mlu-ops' owner-computes plan.
+"""Kernels of three_interpolate_backward: mlu-ops' owner-computes plan.
 
 An owner is a (batch, M-block, C-block) tile of grad_features that accumulates in a
 float32 on-chip tile while walking all of N, so owners never write the same element.
+`tiled_compute` is the TensorIR compute (CUDA, and the CPU's one-channel kernel);
+`transposed_compute` the CPU kernel written in its scheduled form (why: its docstring).
 """
 
 from __future__ import annotations
 
+from tvm import tirx
 from tvm.script import tirx as T
+
+KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow")
 
 
 def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str, name: str):
@@ -59,5 +64,126 @@ def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str,
                         vci, vmi = T.axis.remap("SS", [ci, mi])
                         if vcb * c_tile + vci < C:
                             grad_features[vb, vcb * c_tile + vci, vmb * m_tile + vmi] = T.Cast(dtype, acc[vmi, vci])
+
+    return three_interpolate_backward
+
+
+def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
+    """The CPU kernel, written in its scheduled form: the same owners as tiled_compute, with
+    c_tile = vectors * lanes channels, and grad_output staged by register transposes.
+
+    Per block of `lanes` points, the owner loads a [lanes, lanes] square of grad_output per
+    vector of channels (one contiguous vector per channel row) and transposes it in
+    registers (log2(lanes) rounds of two-vector lane shuffles), so that each (n, k) entry
+    is `vectors` vector FMAs into its acc row; acc goes back to grad_features through the
+    same transposes. Written so because the tiled compute's transposed staging, vectorised by
+    TVM, became per-lane gathers and scatters (vgatherdps / vscatterqps), which bounded it:
+    no schedule primitive emits the lane shuffles. The shuffles are generic LLVM IR (every
+    CPU; lanes 4, 8 or 16). The N tail (N % lanes points) is staged one point at a time.
+    Each acc element sums its (n, k) terms in n order, as tiled_compute does."""
+    if lanes not in (4, 8, 16):
+        raise ValueError(f"the register transpose takes 4, 8 or 16 lanes, got {lanes}")
+    acc_t = "float32"
+    V, c_tile = lanes, vectors * lanes
+    vec = tirx.Ramp(0, 1, V)
+    # round with half-width h: lanes of rows (i, i + h) for i with bit h clear; LOW[h] gives
+    # row i's new lanes, HIGH[h] row i + h's, indices into the two rows side by side
+    LOW = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j & ~h)) for j in range(V)] for h in (8, 4, 2, 1)}
+    HIGH = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j | h)) for j in range(V)] for h in (8, 4, 2, 1)}
+
+    @T.macro
+    def swap_round(src, si, dst, di, h):
+        for i in T.unroll(V // 2):
+            dst[di, i // h * 2 * h + i % h, vec] = tirx.Shuffle(
+                [src[si, i // h * 2 * h + i % h, vec], src[si, i // h * 2 * h + i % h + h, vec]], LOW[h])
+            dst[di, i // h * 2 * h + i % h + h, vec] = tirx.Shuffle(
+                [src[si, i // h * 2 * h + i % h, vec], src[si, i // h * 2 * h + i % h + h, vec]], HIGH[h])
+
+    @T.macro
+    def transpose(square, g, x, y):
+        # square[g] (V rows of V lanes) in place, through x and y: one bit of (row, lane)
+        # swapped per round
+        if V == 16:
+            swap_round(square, g, x, 0, 8)
+            swap_round(x, 0, y, 0, 4)
+            swap_round(y, 0, x, 0, 2)
+            swap_round(x, 0, square, g, 1)
+        if V == 8:
+            swap_round(square, g, x, 0, 4)
+            swap_round(x, 0, y, 0, 2)
+            swap_round(y, 0, square, g, 1)
+        if V == 4:
+            swap_round(square, g, x, 0, 2)
+            swap_round(x, 0, square, g, 1)
+
+    @T.prim_func(s_tir=True)
+    def three_interpolate_backward(go_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, C, N, M = T.int32(), T.int32(), T.int32(), T.int32()
+        grad_output = T.match_buffer(go_h, (B, C, N), dtype)
+        indices = T.match_buffer(idx_h, (B, N, 3), "int32")
+        weights = T.match_buffer(w_h, (B, N, 3), dtype)
+        grad_features = T.match_buffer(out_h, (B, C, M), dtype)
+        for task in range(B * T.ceildiv(C, c_tile) * T.ceildiv(M, m_tile)):
+            with T.sblock("task"):
+                vt = T.axis.remap("S", [task])
+                T.reads(grad_output[0:B, 0:C, 0:N], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
+                T.writes(grad_features[0:B, 0:C, 0:M])
+                acc = T.alloc_buffer((m_tile, c_tile), acc_t)
+                square = T.alloc_buffer((vectors, V, V), acc_t)
+                x = T.alloc_buffer((1, V, V), acc_t)
+                y = T.alloc_buffer((1, V, V), acc_t)
+                blocks = T.Bind(T.ceildiv(M, m_tile))
+                b = T.Bind(vt // (T.ceildiv(C, c_tile) * blocks))
+                c0 = T.Bind(vt // blocks % T.ceildiv(C, c_tile) * c_tile)
+                m0 = T.Bind(vt % blocks * m_tile)
+                rows = T.Bind(T.min(m_tile, M - m0))
+                for m, g in T.grid(rows, vectors):
+                    for j in T.vectorized(V):
+                        acc[m, g * V + j] = T.float32(0)
+                for nb in range(N // V):
+                    # channels past C read row C - 1: lanes whose results are never stored
+                    for g in T.unroll(vectors):
+                        for i in T.unroll(V):
+                            for j in T.vectorized(V):
+                                square[g, i, j] = T.Cast(acc_t, grad_output[b, T.min(c0 + g * V + i, C - 1), nb * V + j])
+                        transpose(square, g, x, y)
+                    for ni in range(V):
+                        for k in T.unroll(3):
+                            # one unsigned comparison: 0 <= index - m0 < rows
+                            row = T.meta_var(indices[b, nb * V + ni, k] - m0)
+                            if T.Cast("uint32", row) < T.Cast("uint32", rows):
+                                for g in T.unroll(vectors):
+                                    for j in T.vectorized(V):
+                                        acc[row, g * V + j] = acc[row, g * V + j] + square[g, ni, j] * T.Cast(
+                                            acc_t, weights[b, nb * V + ni, k])
+                for n in range(N // V * V, N):
+                    for k in T.unroll(3):
+                        row = T.meta_var(indices[b, n, k] - m0)
+                        if T.Cast("uint32", row) < T.Cast("uint32", rows):
+                            for g in T.unroll(vectors):
+                                for j in T.vectorized(V):
+                                    acc[row, g * V + j] = acc[row, g * V + j] + T.Cast(
+                                        acc_t, grad_output[b, T.min(c0 + g * V + j, C - 1), n]) * T.Cast(
+                                        acc_t, weights[b, n, k])
+                # acc back to [C, M] in transposed squares; a vector of channels past C
+                # stores only its rows below C
+                for g in range(vectors):
+                    for mb in range(rows // V):
+                        for i in T.unroll(V):
+                            for j in T.vectorized(V):
+                                square[g, i, j] = acc[mb * V + i, g * V + j]
+                        transpose(square, g, x, y)
+                        if c0 + g * V + V <= C:
+                            for i in T.unroll(V):
+                                for j in T.vectorized(V):
+                                    grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
+                        else:
+                            for i in range(C - c0 - g * V):
+                                for j in T.vectorized(V):
+                                    grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
+                for m, c in T.grid(rows % V, c_tile):
+                    if c0 + c < C:
+                        grad_features[b, c0 + c, m0 + rows // V * V + m] = T.Cast(dtype, acc[rows // V * V + m, c])
 
     return three_interpolate_backward

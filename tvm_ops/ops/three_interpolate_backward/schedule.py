@@ -1,16 +1,23 @@
 """Schedule recipes for three_interpolate_backward (knobs: schedules/three_interpolate_backward.yaml)."""
 
 
+from .compute import KERNELS
+
+
 def llvm(sch, kernel, model, plan):
-    # owners (b, m-block, c-block) -> the CPU thread pool; TVM hands each worker a
-    # contiguous chunk of ceil(owners / cores) owners.
-    tile = sch.get_sblock("tile")
-    owner = sch.fuse(*sch.get_loops(tile))
+    # owners (b, c-block, m-block) -> the CPU thread pool; TVM hands each worker a
+    # contiguous chunk of ceil(owners / cores) owners. The vector kernels are written in
+    # their scheduled form (compute.transposed_compute): only their tasks go parallel here.
+    if kernel not in KERNELS:
+        raise KeyError(kernel)
+    if kernel != "three_interpolate_backward_narrow":
+        (task,) = sch.get_loops(sch.get_sblock("task"))
+        sch.parallel(task)
+        return
+    owner = sch.fuse(*sch.get_loops(sch.get_sblock("tile")))
     sch.parallel(owner)
-    _n, k, lane = sch.get_loops(sch.get_sblock("scatter"))[-3:]
-    sch.unroll(k)
-    if kernel == "three_interpolate_backward":  # the narrow kernel's lane loop is one channel
-        sch.vectorize(lane)
+    _n, k, _lane = sch.get_loops(sch.get_sblock("scatter"))[-3:]
+    sch.unroll(k)  # the narrow kernel's lane loop is one channel
 
 
 def cuda(sch, kernel, model, plan):
