@@ -23,6 +23,8 @@ from ..base import Operator
 from . import schedule
 from .compute import KERNELS, tiled_compute, transposed_compute
 
+WIDE_SHARE = 4  # measured: docs/kernels/three_interpolate_backward.md
+
 
 def cpu_kernel(sizes: dict, plan: dict) -> str:
     """The CPU kernel of a call (measured: docs/kernels/three_interpolate_backward.md).
@@ -36,8 +38,6 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
         return KERNELS[2]
     return KERNELS[0] if channels >= WIDE_SHARE * int(plan["c_tile"]) else KERNELS[1]
 
-
-WIDE_SHARE = 4  # measured: docs/kernels/three_interpolate_backward.md
 
 
 class ThreeInterpolateBackward(Operator):
@@ -67,14 +67,14 @@ class ThreeInterpolateBackward(Operator):
             m_tile = min(m_tile, int(knobs["m_tile_max"]))
         # task split: the B x ceil(M / Mo) x ceil(C / Co) owners go to the cores (TVM's parallel
         # loop on the CPU, one block each on CUDA); the tiles live in the policy's scope
-        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope, "lanes": pol.lanes}
+        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope}
 
     def computes(self, dtype, plan, model):
         wide, vector, narrow = KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
         kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}
         if model.kind == "llvm":
-            lanes = plan["lanes"]
+            lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
             kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
             kernels[vector] = transposed_compute(dtype, lanes, 1, m_tile)
         else:

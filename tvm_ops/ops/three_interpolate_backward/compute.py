@@ -94,10 +94,10 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
     @T.macro
     def swap_round(src, si, dst, di, h):
         for i in T.unroll(V // 2):
-            dst[di, i // h * 2 * h + i % h, vec] = tirx.Shuffle(
-                [src[si, i // h * 2 * h + i % h, vec], src[si, i // h * 2 * h + i % h + h, vec]], LOW[h])
-            dst[di, i // h * 2 * h + i % h + h, vec] = tirx.Shuffle(
-                [src[si, i // h * 2 * h + i % h, vec], src[si, i // h * 2 * h + i % h + h, vec]], HIGH[h])
+            low = T.meta_var(i // h * 2 * h + i % h)  # the i-th row with bit h clear
+            pair = T.meta_var([src[si, low, vec], src[si, low + h, vec]])
+            dst[di, low, vec] = tirx.Shuffle(pair, LOW[h])
+            dst[di, low + h, vec] = tirx.Shuffle(pair, HIGH[h])
 
     @T.macro
     def transpose(square, g, x, y):
@@ -166,20 +166,15 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                                     acc[row, g * V + j] = acc[row, g * V + j] + T.Cast(
                                         acc_t, grad_output[b, T.min(c0 + g * V + j, C - 1), n]) * T.Cast(
                                         acc_t, weights[b, n, k])
-                # acc back to [C, M] in transposed squares; a vector of channels past C
-                # stores only its rows below C
+                # acc back to [C, M] in transposed squares; only the rows of channels below C
                 for g in range(vectors):
                     for mb in range(rows // V):
                         for i in T.unroll(V):
                             for j in T.vectorized(V):
                                 square[g, i, j] = acc[mb * V + i, g * V + j]
                         transpose(square, g, x, y)
-                        if c0 + g * V + V <= C:
-                            for i in T.unroll(V):
-                                for j in T.vectorized(V):
-                                    grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
-                        else:
-                            for i in range(C - c0 - g * V):
+                        for i in T.unroll(V):
+                            if c0 + g * V + i < C:
                                 for j in T.vectorized(V):
                                     grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
                 for m, c in T.grid(rows % V, c_tile):
