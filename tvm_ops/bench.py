@@ -57,17 +57,37 @@ class BenchLine:
                 f"{self.roofline_gbps:6.1f} GB/s  compute {compute}  {peer}{others}")
 
 
-def median_seconds(fn, repeat: int, sync=None) -> float:
-    times = []
-    for _ in range(repeat):
+BLOCK_SECONDS = 2e-3  # each repeat times calls back to back for at least this long
+
+
+def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECONDS) -> float:
+    """Median seconds of one call of fn over `repeat` repeats; a repeat times as many calls
+    back to back as last ~block_seconds (one call of a microsecond case is mostly timer and
+    scheduler noise) and counts their mean. `sync` runs before each repeat and after each
+    call (a GPU call is timed to its end, never overlapped with the next)."""
+    def block(number: int) -> float:
         if sync is not None:
             sync()  # nothing queued before may count against this run
         start = time.perf_counter()
-        fn()
-        if sync is not None:
-            sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for _ in range(number):
+            fn()
+            if sync is not None:
+                sync()
+        return (time.perf_counter() - start) / number
+
+    number = max(1, int(block_seconds / max(block(1), 1e-7))) if block_seconds > 0 else 1
+    return statistics.median(block(number) for _ in range(repeat))
+
+
+SETTLE_SECONDS = 0.1
+
+
+def settle() -> None:
+    """Wait until the other library's worker threads sleep. OpenMP's (torch's) and TVM's
+    pools spin for a while after their last parallel region, and a timing started in that
+    window shares the cores with them: on the 2-core host, the L3 copy measured right after
+    a torch call ran at half its bandwidth about one time in three."""
+    time.sleep(SETTLE_SECONDS)
 
 
 def stream_bandwidth(model: TargetModel, repeat: int = 10) -> float:
@@ -216,12 +236,15 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
         sync = torch.cuda.synchronize
     call = lambda: op.call(on_target, params, model, {})  # noqa: E731 - a timed thunk
     call()  # build or load the kernels outside the timing
+    settle()  # the previous case's peers
     seconds = median_seconds(call, repeat, sync)
     io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize, params)
     peak = peak_flops(model)
     peers = {}
     if peer:
+        settle()
         peers = time_peers(op, inputs, params, model, repeat, sync)
+        settle()  # before the rooflines below
     # the ratio is against the fastest formulation of this run, whichever it is
     main_peer = min(peers, key=peers.get, default=None)
     peer_ms = peers.pop(main_peer) if main_peer else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import runner
-from .bench import median_seconds, peak_flops
+from .bench import median_seconds, peak_flops, settle
 from .ops import get
 from .targets import TargetModel
 from .testing import material
@@ -62,6 +62,7 @@ def _timed(function, case, ours, peer, peer_name, leaves, grad, costs, repeat, d
         for name, fn in (("tvm_ops", ours), (peer_name, peer)):
             run = wrap(fn)
             run()  # build or load kernels, warm the allocator
+            settle()  # the other library's worker threads
             timed[name] = median_seconds(run, repeat if name == "tvm_ops" else max(3, repeat // 2), sync)
         seconds = timed["tvm_ops"]
         io, ops = costs[mode]
