@@ -167,7 +167,7 @@ def test_channel_steps_are_whole_vectors():
     for model, knobs, plan in _plans("voxel_pooling_forward"):
         assert plan["vec"] == model.lanes("float32")  # one vector: a SIMD register, a warp on CUDA
         if model.kind == "llvm":
-            assert plan["cores"] == model.cores and plan["point_splits"] == knobs["point_splits"]
+            assert plan["cores"] == model.cores and plan["row_bands"] == knobs["row_bands"]
     for model, knobs, plan in _plans("ms_deform_attn_backward"):
         assert plan.get("lanes") == (model.lanes("float32") if model.kind == "llvm" else None)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import tvm_ops
 from tvm_ops import build, metrics, runner, targets
-from tvm_ops.ops.voxel_pooling_forward import OP, point_splits
+from tvm_ops.ops.voxel_pooling_forward import OP, row_bands
 from tvm_ops.testing import voxel_pooling_forward as TESTING
 
 from . import conftest
@@ -21,12 +21,12 @@ from .conftest import requires_torch
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 ALGORITHMS = OP.schedules["llvm"].candidates["algorithm"]  # owner, sort
-# the CPU paths: owner with S point ranges per batch (S = 1: pool; S > 1: pool_split + combine),
-# and sort. Fixed S, not auto, so every path runs whatever the machine's core count.
-KERNEL_SETS = {"owner-S1": {"algorithm": "owner", "point_splits": 1},
-               "owner-S2": {"algorithm": "owner", "point_splits": 2},
-               "owner-S4": {"algorithm": "owner", "point_splits": 4},
-               "sort": {"algorithm": "sort", "point_splits": 1}}
+# the CPU paths: owner with R bands of output rows per batch, and sort. Fixed R, not auto, so
+# every split runs whatever the machine's core count.
+KERNEL_SETS = {"owner-R1": {"algorithm": "owner", "row_bands": 1},
+               "owner-R2": {"algorithm": "owner", "row_bands": 2},
+               "owner-R4": {"algorithm": "owner", "row_bands": 4},
+               "sort": {"algorithm": "sort", "row_bands": 1}}
 
 
 def use_knobs(monkeypatch, knobs: dict) -> None:
@@ -59,66 +59,58 @@ def test_spec_cases_with_every_algorithm(algorithm, case):
     assert result.verdict == "pass", result.detail
 
 
-def test_both_algorithms_give_the_same_bits(monkeypatch):
-    """Both add each voxel's points from zero in point order (owner with S = 1): identical
-    sums, so the choice between them can never change a result."""
+def test_every_kernel_set_gives_the_same_bits(monkeypatch):
+    """Every set adds each voxel's points from zero in point order (owner with any R, and
+    sort): identical sums, so neither the algorithm nor the band split can change a result.
+    The data is order-sensitive (features over six decades), so another order would show."""
     geom, feat = inputs(2, 5000, 37, 9, 7, 2, spill=3, z_spill=1, seed=5)
+    feat *= 10.0 ** np.random.default_rng(5).uniform(-3, 3, (2, 5000, 1)).astype(np.float32)
     results = []
-    for name in ALGORITHMS:
-        use_knobs(monkeypatch, {"algorithm": name, "point_splits": 1})
+    for knobs in KERNEL_SETS.values():
+        use_knobs(monkeypatch, knobs)
         out, memo = tvm_ops.voxel_pooling_forward(geom, feat, 9, 7, 2)
         check(geom, feat, 9, 7, 2, (out, memo))
         results.append(out.tobytes() + memo.tobytes())
-    assert len(ALGORITHMS) == 2 and results[0] == results[1]
+    assert len(results) == 4 and all(r == results[0] for r in results)
+    assert np.array_equal(np.frombuffer(results[0][:out.nbytes], np.float32).reshape(out.shape),
+                          in_point_order(geom, feat, 9, 7, 2))
 
 
-def range_sums_in_order(geom, feat, X, Y, Z, S):
-    """float32 emulation of pool_split + combine: each of the S point ranges of a batch summed
-    from zero in point order, then the slices added in the order s = 0..S-1."""
+def in_point_order(geom, feat, X, Y, Z):
+    """float32 emulation of the owner sums: each voxel from zero, its points in order."""
     B, N, C = feat.shape
-    chunk = -(-N // S)
     out = np.zeros((B, Y, X, C), np.float32)
     for b in range(B):
-        for s in range(S):
-            part = np.zeros((Y, X, C), np.float32)
-            for n in range(s * chunk, min(N, (s + 1) * chunk)):
-                x, y, z = geom[b, n]
-                if 0 <= x < X and 0 <= y < Y and 0 <= z < Z:
-                    part[y, x] += feat[b, n]
-            out[b] = part if s == 0 else out[b] + part
+        for n in range(N):
+            x, y, z = geom[b, n]
+            if 0 <= x < X and 0 <= y < Y and 0 <= z < Z:
+                out[b, y, x] += feat[b, n]
     return out
 
 
-@pytest.mark.parametrize("S, N", [(2, 3001), (4, 3001), (4, 5), (4, 3)])  # 5 points: an empty last range
-def test_point_ranges_sum_in_a_fixed_order(monkeypatch, S, N):
-    """S > 1 is its own fixed summation order: the bits of the float32 emulation, exactly."""
-    use_knobs(monkeypatch, {"algorithm": "owner", "point_splits": S})
-    geom, feat = inputs(2, N, 21, 3, 2, 1, spill=1, seed=S)
-    feat *= 10.0 ** np.random.default_rng(S).uniform(-3, 3, (2, N, 1)).astype(np.float32)  # order-sensitive
-    out, memo = tvm_ops.voxel_pooling_forward(geom, feat, 3, 2, 1)
-    np.testing.assert_array_equal(out, range_sums_in_order(geom, feat, 3, 2, 1, min(S, N)))
-    check(geom, feat, 3, 2, 1, (out, memo))
+@pytest.mark.parametrize("R, Y", [(2, 7), (4, 7), (4, 3), (3, 2)])  # 4 bands of 7 rows: the last holds 1; of 3: empty
+def test_row_bands_cover_every_row_once(monkeypatch, R, Y):
+    """Bands of ceil(Y / R) rows, the last short or empty: every output row written (over
+    garbage) by exactly its band, the sums those of point order."""
+    use_knobs(monkeypatch, {"algorithm": "owner", "row_bands": R})
+    geom, feat = inputs(2, 3001, 21, 3, Y, 1, spill=1, seed=R)
+    out = np.full((2, Y, 3, 21), np.nan, np.float32)
+    memo = np.full((2, 3001, 3), 7, np.int32)
+    tvm_ops.voxel_pooling_forward(geom, feat, 3, Y, 1, out=(out, memo))
+    np.testing.assert_array_equal(out, in_point_order(geom, feat, 3, Y, 1))
+    check(geom, feat, 3, Y, 1, (out, memo))
 
 
-def checks_problem(sizes):
-    return dataclasses.make_dataclass("Problem", ["sizes", "dtype"])(sizes, "float32")
-
-
-def test_point_splits_follow_the_model_not_the_thread_count():
-    plan = OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, point_splits="auto"))
+def test_row_bands_follow_the_model_not_the_thread_count():
+    plan = OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, row_bands="auto"))
     sizes = {"B": 1, "N": 473088, "Y": 128, "X": 128, "C": 80}
-    assert point_splits(sizes, dict(plan, cores=2)) == 2
-    assert point_splits(dict(sizes, B=2), dict(plan, cores=2)) == 1
-    assert point_splits(dict(sizes, B=3), dict(plan, cores=16)) == 6  # ceil(16 / 3)
-    assert point_splits(dict(sizes, N=3), dict(plan, point_splits=4)) == 3  # at most N ranges
-    big = dict(sizes, Y=2**10, X=2**10, C=2**9)  # output 2^29 elements: range_sums < 2^31
-    assert point_splits(big, dict(plan, point_splits=8)) == 3
-    assert point_splits(dict(big, C=2**10), dict(plan, cores=16)) == 1
-    assert OP.workspaces(checks_problem(sizes), dict(plan, point_splits=1)) == {}
-    assert OP.workspaces(checks_problem(sizes), dict(plan, point_splits=2)) == {
-        "range_sums": ((1, 2, 128, 128, 80), "float32")}
-    with pytest.raises(ValueError, match="point_splits must be 'auto' or a positive integer"):
-        OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, point_splits=0))
+    assert row_bands(sizes, dict(plan, cores=2)) == 2
+    assert row_bands(dict(sizes, B=2), dict(plan, cores=2)) == 1
+    assert row_bands(dict(sizes, B=3), dict(plan, cores=16)) == 6  # ceil(16 / 3)
+    assert row_bands(dict(sizes, Y=3), dict(plan, row_bands=4)) == 3  # at most Y bands
+    assert OP.workspaces(dataclasses.make_dataclass("Problem", ["sizes", "dtype"])(sizes, "float32"), plan) == {}
+    with pytest.raises(ValueError, match="row_bands must be 'auto' or a positive integer"):
+        OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, row_bands=0))
 
 
 def inputs(b, n, c, x, y, z, spill=0, z_spill=0, seed=0):
@@ -262,9 +254,6 @@ def test_same_bits_on_every_run_and_thread_count(algorithm):
     np.add.at(forward, voxel, rows)
     np.add.at(backward, voxel[::-1], rows[::-1])
     assert not np.array_equal(forward, backward)
-    # and the owner sets with S > 1 really take the point-range path on this problem
-    declared = OP.workspaces(checks_problem({"B": 3, "N": 40000, "Y": 3, "X": 4, "C": 35}), KERNEL_SETS[algorithm])
-    assert ("range_sums" in declared) == (KERNEL_SETS[algorithm] in (KERNEL_SETS["owner-S2"], KERNEL_SETS["owner-S4"]))
 
 
 def test_one_kernel_serves_many_shapes():

@@ -6,26 +6,20 @@ A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
     pos_memo[b, n] = (b, y, x) if kept else (-1, -1, -1)
 Contract: specs/voxel_pooling_forward.yaml.
 
-Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the
-default path `pool` (channels [0, C // V * V)) and `pool_tail` (channels
-[C // V * V, C), launched only when C % V != 0); when the CPU knob `point_splits` gives
-S > 1 point ranges per batch (see point_splits()), `pool_split` (owner = batch x range, into
-a private slice of the workspace range_sums [B, S, Y, X, C]) and `combine` (slices summed in
-the order s = 0..S-1) instead: deterministic for a given S, other bits than S = 1; with
-`algorithm: sort` `sort_points` and `segment_sum` instead (the BEVPool route; same bits as
-S = 1, measured slower: docs/kernels/voxel_pooling_forward.md). Coordinates of any int32
-value are tested before the store, so nothing outside output_features is ever written.
+Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the CPU
+`pool` (owner = batch x band of output rows, every channel), on CUDA `pool` (channels
+[0, C // V * V)) and `pool_tail` (channels [C // V * V, C), launched only when
+C % V != 0); with the CPU's `algorithm: sort`, `sort_points` and `segment_sum` instead
+(the BEVPool route; the same bits, measured slower: docs/kernels/voxel_pooling_forward.md).
+Coordinates of any int32 value are tested before the store, so nothing outside
+output_features is ever written.
 
-- llvm (owner computes, no atomics): the scatter is written as a reduction
-  over n. Each task owns an output slice (a batch, or a batch x channel-vector
-  group), zero-fills it in the block's init and walks all N points of its batch
-  in order, so every output element is summed in the order n = 0..N-1 whatever
-  the thread count: the bits are the same on every run and thread count.
-  The V split is in the compute (TVM 0.27 scalarises a predicated split of a
-  symbolic loop), and the tail is its own PrimFunc because decompose_reduction
-  needs the only writer of `out` in a function. With S > 1 point ranges (B < cores)
-  the owner is (batch, range) and its slice is private (range_sums), summed by
-  `combine` in a fixed order: the bits depend on S, never on the thread count.
+- llvm (owner computes, no atomics): a task owns the output rows of one of R bands of a
+  batch (R = row_bands(): ceil(cores / B) by default), zero-fills them and walks all N
+  points of its batch in order, adding the kept points that fall in its band. Every
+  output element is summed from zero in the order n = 0..N-1 whatever R and the thread
+  count are: the bits are the same on every run, thread count and core count. A band
+  reads every point's coordinates but only its own points' feature rows.
 - cuda (mlu-ops / BEVDepth): one thread per (point, channel) doing atomicAdd;
   the output is zero-filled on the device before the launch. TVM 0.27 has no
   schedule primitive that turns a store into an atomic, so this target has its
@@ -40,24 +34,20 @@ from ..base import Operator
 from . import compute, schedule
 
 
-def point_splits(sizes: dict, plan: dict) -> int:
-    """S, the point ranges per batch of the CPU owner path (1: one owner per batch).
+def row_bands(sizes: dict, plan: dict) -> int:
+    """R, the bands of output rows per batch of the CPU owner path (1: one owner per batch).
 
-    "auto" = ceil(cores / B) from the target model's core count, never the runtime thread
-    count: S fixes the summation order, so one S gives the same bits on every thread count.
-    Capped at N (a range holds at least one point) and so that the workspace stays below
-    2^31 elements, like every tensor the int32-indexed kernels touch."""
-    splits = plan.get("point_splits", 1)
-    if splits == "auto":  # the policy's task split: B batches cut so that every core has a task
-        splits = policy.tasks_per_item(sizes["B"], plan["cores"])
-    grid = sizes["B"] * sizes["Y"] * sizes["X"] * sizes["C"]
-    return max(1, min(int(splits), sizes["N"], (2**31 - 1) // grid))
+    "auto" = ceil(cores / B) from the target model's core count, so that every core has a
+    task; capped at Y (a band holds at least one row). Any R gives the same bits."""
+    bands = plan.get("row_bands", 1)
+    if bands == "auto":  # the policy's task split: B batches cut so that every core has a task
+        bands = policy.tasks_per_item(sizes["B"], plan["cores"])
+    return max(1, min(int(bands), sizes["Y"]))
 
 
 class VoxelPoolingForward(Operator):
     name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", "pool", "pool_tail", "pool_split", "combine", "sort_points",
-                    "segment_sum")
+    kernel_names = ("pos_memo", "pool", "pool_tail", "sort_points", "segment_sum")
     recipe = schedule
 
     def plan(self, model, knobs):
@@ -70,17 +60,15 @@ class VoxelPoolingForward(Operator):
             # one thread per (point, channel), channels split at a warp (main | tail kernel);
             # blocks of `threads` over the fused (n, c), `memo_threads` over pos_memo's points
             return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"])}
-        # task split: a task owns a batch (x c_vecs_per_task vectors of channels when > 0) x
-        # one of S point ranges; S = point_splits(), "auto" = ceil(taskDim / B) at launch
-        splits = knobs["point_splits"]
-        if splits != "auto" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
-            raise ValueError(f"point_splits must be 'auto' or a positive integer, got {splits!r}")
+        # task split: a task owns a batch x one of R bands of its output rows; R = row_bands(),
+        # "auto" = ceil(taskDim / B) at launch
+        bands = knobs["row_bands"]
+        if bands != "auto" and (isinstance(bands, bool) or not isinstance(bands, int) or bands < 1):
+            raise ValueError(f"row_bands must be 'auto' or a positive integer, got {bands!r}")
         # V: the channels of one step, one float32 vector (16 on AVX-512, 8 on AVX2);
         # memo_chunk: pos_memo's points per task (the seed's nram_limit_pt_num)
-        return {"vec": pol.vector(), "algorithm": knobs["algorithm"],
-                "point_splits": splits, "cores": pol.cores,
-                "c_vecs_per_task": int(knobs["c_vecs_per_task"]),
-                "memo_chunk": int(knobs["memo_chunk"]), "unroll_points": int(knobs["unroll_points"])}
+        return {"vec": pol.vector(), "algorithm": knobs["algorithm"], "row_bands": bands, "cores": pol.cores,
+                "memo_chunk": int(knobs["memo_chunk"])}
 
     def computes(self, dtype, plan, model):
         return compute.computes(dtype, plan["vec"], model.kind)
@@ -88,11 +76,7 @@ class VoxelPoolingForward(Operator):
     def workspaces(self, problem, plan):
         s = problem.sizes
         if plan.get("algorithm") != "sort":
-            splits = point_splits(s, plan)
-            if splits == 1:
-                return {}  # pool writes output_features directly
-            # a private float32 slice of the output grid per point range
-            return {"range_sums": ((s["B"], splits, s["Y"], s["X"], s["C"]), problem.dtype)}
+            return {}  # pool writes output_features directly
         # voxel boundaries [B, Y*X + 1] and the point indices sorted by voxel [B, N]
         return {"voxel_start": ((s["B"], s["Y"] * s["X"] + 1), "int32"), "sorted_points": ((s["B"], s["N"]), "int32")}
 
@@ -110,10 +94,8 @@ class VoxelPoolingForward(Operator):
             kernels["sort_points"](geom, start, order, s["X"], s["Y"], p["num_voxel_z"])
             kernels["segment_sum"](feat, start, order, out)
             return
-        if point_splits(s, plan) > 1:
-            part = tensors["range_sums"]
-            kernels["pool_split"](geom, feat, part, p["num_voxel_z"])
-            kernels["combine"](part, out)
+        if problem.device == "cpu":  # every channel, R bands per batch
+            kernels["pool"](geom, feat, out, p["num_voxel_z"], row_bands(s, plan))
             return
         kernels["pool"](geom, feat, out, p["num_voxel_z"])
         if s["C"] % plan["vec"]:

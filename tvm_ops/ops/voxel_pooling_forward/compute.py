@@ -34,134 +34,48 @@ def _pos_memo():
     return pos_memo
 
 
-def _pool(dtype: str, V: int):
-    """Owner-computes scatter of channels [0, C // V * V): n is the reduction axis; the
-    block declares its whole (b, :, :, c) output column and its init zero-fills it."""
+def _pool_bands(dtype: str, V: int):
+    """The CPU's owner computes: owner = (batch b, band r of `bands` bands of output rows y),
+    bands = R chosen by launch; band r is rows [r * ceil(Y / R), min((r + 1) * ceil(Y / R), Y)).
+    It zero-fills its rows, then walks every point of its batch in order and adds the kept
+    points whose y falls in its band: channels [0, C // V * V) in V-wide vectors, then the C % V tail. Every voxel is summed
+    from zero in point order whatever R is, so R (and the thread count) never changes the
+    bits; a band reads the coordinates of all its batch's points but only its own points'
+    feature rows. (Writing pos_memo in the same walk, each owner its 1/R of the points, was
+    slower than its own kernel: docs/kernels/voxel_pooling_forward.md.)"""
     zero = tvm.tirx.const(0, dtype)
 
     @T.prim_func(s_tir=True)
-    def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
+    def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32, bands: T.int32):
         T.func_attr({"tirx.noalias": True})
         B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         geom = T.match_buffer(geom_h, (B, N, 3), "int32")
         feat = T.match_buffer(feat_h, (B, N, C), dtype)
         out = T.match_buffer(out_h, (B, Y, X, C), dtype)
-        for b, c0, n, c1 in T.grid(B, C // V, N, V):
-            with T.sblock("pool"):
-                vb, vc0, vn, vc1 = T.axis.remap("SSRS", [b, c0, n, c1])
-                T.reads(geom[vb, vn, 0:3], feat[vb, vn, vc0 * V + vc1], out[vb, 0:Y, 0:X, vc0 * V + vc1])
-                T.writes(out[vb, 0:Y, 0:X, vc0 * V + vc1])
-                with T.init():
-                    for yy, xx in T.grid(Y, X):
-                        out[vb, yy, xx, vc0 * V + vc1] = zero
-                x: T.let[T.int32] = geom[vb, vn, 0]
-                y: T.let[T.int32] = geom[vb, vn, 1]
-                z: T.let[T.int32] = geom[vb, vn, 2]
-                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
-                    out[vb, y, x, vc0 * V + vc1] = out[vb, y, x, vc0 * V + vc1] + feat[vb, vn, vc0 * V + vc1]
-    return pool
-
-
-def _pool_tail(dtype: str, V: int):
-    zero = tvm.tirx.const(0, dtype)
-
-    @T.prim_func(s_tir=True)
-    def pool_tail(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
-        T.func_attr({"tirx.noalias": True})
-        B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
-        feat = T.match_buffer(feat_h, (B, N, C), dtype)
-        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
-        for b, n, ct in T.grid(B, N, C % V):
-            with T.sblock("pool_tail"):
-                vb, vn, vct = T.axis.remap("SRS", [b, n, ct])
-                T.reads(geom[vb, vn, 0:3], feat[vb, vn, C // V * V + vct], out[vb, 0:Y, 0:X, C // V * V + vct])
-                T.writes(out[vb, 0:Y, 0:X, C // V * V + vct])
-                with T.init():
-                    for yy, xx in T.grid(Y, X):
-                        out[vb, yy, xx, C // V * V + vct] = zero
-                x: T.let[T.int32] = geom[vb, vn, 0]
-                y: T.let[T.int32] = geom[vb, vn, 1]
-                z: T.let[T.int32] = geom[vb, vn, 2]
-                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
-                    out[vb, y, x, C // V * V + vct] = (out[vb, y, x, C // V * V + vct]
-                                                       + feat[vb, vn, C // V * V + vct])
-    return pool_tail
-
-
-def _pool_split(dtype: str, V: int):
-    """Owner = (batch b, point range s), S = part.shape[1] ranges chosen by launch: range s is
-    points [s * ceil(N / S), min((s + 1) * ceil(N / S), N)). It zero-fills its own slice
-    part[b, s] and adds its kept points' rows into it in point order: channels
-    [0, C // V * V) in V-wide vectors, then the C % V tail. `combine` sums the slices."""
-    zero = tvm.tirx.const(0, dtype)
-
-    @T.prim_func(s_tir=True)
-    def pool_split(geom_h: T.handle, feat_h: T.handle, part_h: T.handle, Z: T.int32):
-        T.func_attr({"tirx.noalias": True})
-        B, N, C, S, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
-        feat = T.match_buffer(feat_h, (B, N, C), dtype)
-        part = T.match_buffer(part_h, (B, S, Y, X, C), dtype)
-        for b, s in T.grid(B, S):
-            with T.sblock("pool_split"):
-                vb, vs = T.axis.remap("SS", [b, s])
+        for b, r in T.grid(B, bands):
+            with T.sblock("band"):
+                vb, vr = T.axis.remap("SS", [b, r])
                 T.reads(geom[vb, 0:N, 0:3], feat[vb, 0:N, 0:C])
-                T.writes(part[vb, vs, 0:Y, 0:X, 0:C])
-                for yy, xx, c in T.grid(Y, X, C):
-                    part[vb, vs, yy, xx, c] = zero
-                # the last ranges may be short or empty
-                for j in range(T.max(0, T.min((N + S - 1) // S, N - vs * ((N + S - 1) // S)))):
-                    n: T.let[T.int32] = vs * ((N + S - 1) // S) + j
+                T.writes(out[vb, 0:Y, 0:X, 0:C])
+                first: T.let[T.int32] = vr * ((Y + bands - 1) // bands)
+                end: T.let[T.int32] = T.min(Y, first + (Y + bands - 1) // bands)  # the last bands may be empty
+                for yy, xx, c in T.grid(T.max(0, end - first), X, C):
+                    out[vb, first + yy, xx, c] = zero
+                for point in range(N):
+                    n: T.let[T.int32] = point  # a let: the add block may read it
                     x: T.let[T.int32] = geom[vb, n, 0]
                     y: T.let[T.int32] = geom[vb, n, 1]
                     z: T.let[T.int32] = geom[vb, n, 2]
-                    if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                    if x >= 0 and x < X and y >= first and y < end and z >= 0 and z < Z:
                         for c0, c1 in T.grid(C // V, V):
-                            with T.sblock("pool_split_add"):
+                            with T.sblock("band_add"):
                                 vc0, vc1 = T.axis.remap("SS", [c0, c1])
-                                T.reads(part[vb, vs, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
-                                T.writes(part[vb, vs, y, x, vc0 * V + vc1])
-                                part[vb, vs, y, x, vc0 * V + vc1] = (part[vb, vs, y, x, vc0 * V + vc1]
-                                                                     + feat[vb, n, vc0 * V + vc1])
+                                T.reads(out[vb, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
+                                T.writes(out[vb, y, x, vc0 * V + vc1])
+                                out[vb, y, x, vc0 * V + vc1] = out[vb, y, x, vc0 * V + vc1] + feat[vb, n, vc0 * V + vc1]
                         for ct in range(C % V):
-                            part[vb, vs, y, x, C // V * V + ct] = (part[vb, vs, y, x, C // V * V + ct]
-                                                                   + feat[vb, n, C // V * V + ct])
-    return pool_split
-
-
-def _combine(dtype: str, V: int):
-    """output_features[b, y, x, :] = ((part[b, 0] + part[b, 1]) + ...) + part[b, S - 1] at
-    (y, x): a fixed order, so the bits depend on S only. Owner = a voxel (b, y, x); channels
-    [0, C // V * V) in V-wide vectors, then the C % V tail."""
-
-    @T.prim_func(s_tir=True)
-    def combine(part_h: T.handle, out_h: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        B, S, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        part = T.match_buffer(part_h, (B, S, Y, X, C), dtype)
-        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
-        for b, y, x in T.grid(B, Y, X):
-            with T.sblock("combine"):
-                vb, vy, vx = T.axis.remap("SSS", [b, y, x])
-                T.reads(part[vb, 0:S, vy, vx, 0:C])
-                T.writes(out[vb, vy, vx, 0:C])
-                # one block writes `out` (a second writer would break the vectorize check):
-                # slice 0 is copied, slices 1..S-1 added
-                for s, c0, c1 in T.grid(S, C // V, V):
-                    with T.sblock("combine_add"):
-                        vs, vc0, vc1 = T.axis.remap("SSS", [s, c0, c1])
-                        T.reads(out[vb, vy, vx, vc0 * V + vc1], part[vb, vs, vy, vx, vc0 * V + vc1])
-                        T.writes(out[vb, vy, vx, vc0 * V + vc1])
-                        out[vb, vy, vx, vc0 * V + vc1] = T.if_then_else(
-                            vs == 0, part[vb, 0, vy, vx, vc0 * V + vc1],
-                            out[vb, vy, vx, vc0 * V + vc1] + part[vb, vs, vy, vx, vc0 * V + vc1])
-                for ct in range(C % V):
-                    out[vb, vy, vx, C // V * V + ct] = part[vb, 0, vy, vx, C // V * V + ct]
-                    for s in range(1, S):
-                        out[vb, vy, vx, C // V * V + ct] = (out[vb, vy, vx, C // V * V + ct]
-                                                            + part[vb, s, vy, vx, C // V * V + ct])
-    return combine
+                            out[vb, y, x, C // V * V + ct] = out[vb, y, x, C // V * V + ct] + feat[vb, n, C // V * V + ct]
+    return pool
 
 
 def _sort_points():
@@ -294,11 +208,11 @@ def _pool_atomic(dtype: str, V: int, tail: bool):
 
 def computes(dtype: str, V: int, kind: str) -> dict:
     """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
-    # every library holds every kernel name; the CUDA launch never calls the CPU-only
-    # sets (split ranges, sort): it takes the atomic path
-    shared = {"pool_split": _pool_split(dtype, V), "combine": _combine(dtype, V), "sort_points": _sort_points(),
-              "segment_sum": _segment_sum(dtype, V)}
+    # every library holds every kernel name; the CUDA launch never calls the CPU-only sort,
+    # and the CPU's pool covers every channel, so its library holds pool_tail only as the
+    # same function under the second name (never launched)
+    shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
     if kind == "cuda":
-        return {"pos_memo": _pos_memo(), "pool": _pool_atomic(dtype, V, False),
-                "pool_tail": _pool_atomic(dtype, V, True), **shared}
-    return {"pos_memo": _pos_memo(), "pool": _pool(dtype, V), "pool_tail": _pool_tail(dtype, V), **shared}
+        return {"pool": _pool_atomic(dtype, V, False), "pool_tail": _pool_atomic(dtype, V, True), **shared}
+    pool = _pool_bands(dtype, V)
+    return {"pool": pool, "pool_tail": pool, **shared}

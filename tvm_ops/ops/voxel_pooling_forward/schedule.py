@@ -34,46 +34,11 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(sch.fuse(b, chunk))
         sch.unroll(k)
         return
-    if kernel == "pool_tail":
-        # owner = a batch, C % V scalar channels
-        block = sch.get_sblock("pool_tail")
-        b, n, _c = sch.get_loops(block)
-        sch.parallel(b)
-        sch.decompose_reduction(block, n)
-        return
-    if kernel == "pool_split":
-        # owner = (batch, point range); channel vectors per kept point
-        b, s = sch.get_loops(sch.get_sblock("pool_split"))
-        sch.parallel(sch.fuse(b, s))
-        _vectorize_own_lane_adds(sch, sch.get_sblock("pool_split_add"), model, plan)
-        return
-    if kernel == "combine":
-        # owner = a voxel (b, y, x): its S slices summed in order s = 0..S-1, channel vectors
-        b, y, x = sch.get_loops(sch.get_sblock("combine"))
-        sch.parallel(sch.fuse(b, y))
-        _vectorize_own_lane_adds(sch, sch.get_sblock("combine_add"), model, plan)
-        return
-    # pool: owner = (batch, group of c_vecs_per_task channel vectors); 0 = the whole batch
-    block = sch.get_sblock("pool")
-    b, c0, n, c1 = sch.get_loops(block)
-    group = plan["c_vecs_per_task"]
-    if group == 0:
-        sch.reorder(b, n, c0, c1)
-        owner = b
-    elif group == 1:
-        owner = sch.fuse(b, c0)
-    else:
-        cg, cw = sch.split(c0, [None, group])
-        sch.reorder(b, cg, n, cw, c1)
-        owner = sch.fuse(b, cg)
-    sch.parallel(owner)
-    vectorize_channels(sch, c1, model, plan)
-    points = n
-    if plan["unroll_points"] > 1:
-        # several points in flight: their random output rows are fetched in parallel
-        points, within = sch.split(n, [None, plan["unroll_points"]])
-        sch.unroll(within)
-    sch.decompose_reduction(block, points)
+    # pool (pool_tail: the same function): owner = (batch, band of output rows); channel
+    # vectors per kept point
+    b, r = sch.get_loops(sch.get_sblock("band"))
+    sch.parallel(sch.fuse(b, r))
+    _vectorize_own_lane_adds(sch, sch.get_sblock("band_add"), model, plan)
 
 
 def cuda(sch, kernel, model, plan):
@@ -86,11 +51,6 @@ def cuda(sch, kernel, model, plan):
         b, y, x = sch.get_loops(sch.get_sblock("segment"))
         bx, tx = sch.split(sch.fuse(y, x), [None, plan["threads"]])
         sch.bind(b, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        return
-    if kernel in ("pool_split", "combine"):  # CPU-only; never launched on CUDA
-        bx, tx = sch.split(sch.fuse(*sch.get_loops(sch.get_sblock(kernel))[:2]), [None, 32])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         return
