@@ -24,8 +24,9 @@ import numpy as np
 
 VECTOR = 256  # elements per step of a group's walk: W itself up to this, else its widest divisor below it
 # the walk prefetches the row this many entries on (rows at random: no hardware prefetcher
-# follows them); the roofline is the fastest of these distances
-AHEADS = (8, 16, 32)
+# follows them), or nothing (0: where the rows are cache-resident, a prefetch is only an
+# instruction more); the roofline is the fastest of these
+AHEADS = (0, 8, 16, 32)
 
 
 @dataclass
@@ -81,7 +82,7 @@ def timing_arguments(pattern: AccessPattern) -> list:
     return _arguments(pattern, table, rng.uniform(-1, 1, (len(pattern.offsets) - 1, pattern.width)))
 
 
-def run_pattern(model, pattern: AccessPattern, table: np.ndarray, src: np.ndarray, ahead: int = AHEADS[0]):
+def run_pattern(model, pattern: AccessPattern, table: np.ndarray, src: np.ndarray, ahead: int = AHEADS[1]):
     """(updated table, out) of one run of the pattern's kernel: what its sums are (for the
     tests; with scattered rows shared between groups on several cores, `updated` races)."""
     args = _arguments(pattern, table, src)
@@ -157,9 +158,10 @@ def kernel(model, pattern: AccessPattern, ahead: int):
                         acc[part * lanes + lane] = T.float32(0)
                 for e in range(offsets[g], offsets[g + 1]):
                     row = T.Bind(index[e])
-                    later = T.Bind(index[T.min(e + ahead, E - 1)])
-                    prefetch_words(lambda i: (table if gather else updated)[later, step * vector + i], vector,
-                                   1 if scatter else 0)
+                    if ahead > 0:
+                        later = T.Bind(index[T.min(e + ahead, E - 1)])
+                        prefetch_words(lambda i: (table if gather else updated)[later, step * vector + i],
+                                       vector, 1 if scatter else 0)
                     for part in T.unroll(parts):
                         for lane in T.vectorized(lanes):
                             at = T.meta_var(step * vector + part * lanes + lane)

@@ -252,10 +252,10 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
     pattern_of = getattr(material(op), "access_pattern", None)
-    if pattern_of is not None and host_cpu(model) and io_bytes:
+    pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
+    if pattern is not None:
         # the case's accesses themselves (its streams included), where its bytes are not
         # what bounds it (or overstate it: a gather need not touch every row of its table)
-        pattern = pattern_of(inputs, params)
         bound, bound_bandwidth = pattern.name, io_bytes / pattern_seconds(model, pattern, repeat)
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,

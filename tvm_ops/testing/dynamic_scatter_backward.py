@@ -72,8 +72,48 @@ def reference(inputs, params):
     return {"grad_feats": out}
 
 
+def access_pattern(inputs, params):
+    """sum / mean: the gathers alone, each point's output row taken from its voxel's gradient
+    row in point order (a dropped point's row is written, nothing read). max: None (its
+    bytes are its bound: the feature rows and the voxels' rows are read whole)."""
+    from ..access_pattern import AccessPattern, offsets_of
+
+    if params.get("reduce_type", "max") == "max":
+        return None
+    g, p2v = inputs["grad_voxel_feats"], np.asarray(inputs["point2voxel_map"]).astype(np.int64)
+    M = g.shape[0]
+    voxel_num = M if params.get("voxel_num") is None else int(np.asarray(params["voxel_num"]).reshape(-1)[0])
+    taken = (p2v >= 0) & (p2v < min(voxel_num, M))
+    return AccessPattern(M, g.shape[1], offsets_of(taken), p2v[taken], gather=True, scatter=False,
+                         dtype=str(g.dtype))
+
+
 def peers(inputs, params):
-    return {"torch": torch_peer(inputs, params)}
+    """max: the traceback in PyTorch; sum / mean: that formula's gather and mask, and one
+    index_select from the voxel rows with a zero row appended for the dropped points."""
+    if params.get("reduce_type", "max") == "max":
+        return {"torch": torch_peer(inputs, params)}
+    return {"torch": torch_peer(inputs, params), "index_select": index_select_peer(inputs, params)}
+
+
+def index_select_peer(inputs, params):
+    """sum / mean as one gather: each point's row from the voxels' (mean: divided per voxel
+    first, M rows rather than N) rows, a point outside the valid voxels taking an appended
+    zero row."""
+    import torch
+
+    g, p2v, count = (peer_tensor(inputs[k]) for k in ("grad_voxel_feats", "point2voxel_map", "voxel_points_count"))
+    M, C = g.shape
+    voxel_num = M if params.get("voxel_num") is None else int(params["voxel_num"])
+    mean = params.get("reduce_type") == "mean"
+
+    def run():
+        p = p2v.long()
+        rows = g[:voxel_num] / count[:voxel_num].to(g.dtype)[:, None] if mean else g[:voxel_num]
+        table = torch.cat([rows, rows.new_zeros(1, C)])
+        return table.index_select(0, torch.where((p >= 0) & (p < voxel_num), p, voxel_num))
+
+    return run
 
 
 def torch_peer(inputs, params):
