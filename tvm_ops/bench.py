@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import access_pattern, checks, dispatch, records, runner
+from . import access_pattern, checks, dispatch, host_buffers, records, runner
 from .targets import TargetModel
 from .testing import material
 
@@ -58,13 +58,17 @@ class BenchLine:
 
 
 BLOCK_SECONDS = 2e-3  # each repeat times calls back to back for at least this long
+# calls run untimed for this long first: after an idle wait (settle) the first milliseconds
+# of a 0.4 ms call ran 20-30% slower (caches, clocks and the thread pool waking up)
+WARM_SECONDS = 0.02
 
 
 def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECONDS) -> float:
     """Median seconds of one call of fn over `repeat` repeats; a repeat times as many calls
     back to back as last ~block_seconds (one call of a microsecond case is mostly timer and
-    scheduler noise) and counts their mean. `sync` runs before each repeat and after each
-    call (a GPU call is timed to its end, never overlapped with the next)."""
+    scheduler noise) and counts their mean, after WARM_SECONDS of untimed calls. `sync` runs
+    before each repeat and after each call (a GPU call is timed to its end, never overlapped
+    with the next). block_seconds 0: single calls, no warm-up (the tuner's spread)."""
     def block(number: int) -> float:
         if sync is not None:
             sync()  # nothing queued before may count against this run
@@ -75,7 +79,12 @@ def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECO
                 sync()
         return (time.perf_counter() - start) / number
 
-    number = max(1, int(block_seconds / max(block(1), 1e-7))) if block_seconds > 0 else 1
+    if block_seconds <= 0:
+        return statistics.median(block(1) for _ in range(repeat))
+    start = time.perf_counter()
+    number = max(1, int(block_seconds / max(block(1), 1e-7)))
+    while time.perf_counter() - start < WARM_SECONDS:
+        block(number)
     return statistics.median(block(number) for _ in range(repeat))
 
 
@@ -110,9 +119,11 @@ def copy_bandwidth(model: TargetModel, nbytes: int, repeat: int = 10) -> float:
 
 def sustained_median(lib, name: str, dev, args: list, repeat: int) -> float:
     """Median seconds of one call of lib[name](*args), each repeat timed over enough calls to
-    last ~2 ms (a microsecond kernel is not timed by one call)."""
+    last ~BLOCK_SECONDS (a microsecond kernel is not timed by one call), after WARM_SECONDS of
+    untimed calls, as median_seconds times the cases."""
     once = lib.time_evaluator(name, dev, number=1, repeat=1)(*args).mean
-    number = max(1, int(2e-3 / max(once, 1e-7)))
+    lib.time_evaluator(name, dev, number=max(1, int(WARM_SECONDS / max(once, 1e-7))), repeat=1)(*args)  # warm-up
+    number = max(1, int(BLOCK_SECONDS / max(once, 1e-7)))
     return lib.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
 
 
@@ -228,6 +239,7 @@ def peak_flops(model: TargetModel) -> float | None:
 
 def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repeat: int, peer: bool) -> BenchLine:
     inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
+    inputs = {name: line_aligned(value) for name, value in inputs.items()}
     on_target = runner.to_target(model, inputs)
     sync = None
     if model.kind == "cuda":
@@ -261,6 +273,17 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bound_bandwidth, (ops / seconds / peak) if ops and peak else None,
         peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers, main_peer, bound, bound_bandwidth / 1e9)
+
+
+def line_aligned(value):
+    """A numpy input copied to start on a cache line, as PyTorch's CPU tensors (and the
+    rooflines' TVM buffers) do: numpy's large arrays start 16 bytes into one, so a row of
+    whole lines would straddle one more line in every call."""
+    if not isinstance(value, np.ndarray) or value.ctypes.data % host_buffers.LINE_BYTES == 0:
+        return value
+    aligned = host_buffers.empty(value.shape, value.dtype, line_aligned=True)
+    aligned[...] = value
+    return aligned
 
 
 def time_peers(op, inputs: dict, params: dict, model: TargetModel, repeat: int, sync) -> dict:
