@@ -36,3 +36,12 @@ def point(N, lanes: int, vector, lane):
     if lanes == 1:
         return vector
     return T.min(vector * lanes, N - lanes) + lane
+
+
+def scratch_scope(kind: str) -> str:
+    """The storage scope of a kernel's small per-block buffers (accumulators, a vector's
+    state) on a target kind: registers ("local") on CUDA; on the CPU the default scope, a
+    constant-size stack alloca that LLVM keeps in registers. TVM 0.27 lowers a "local"
+    buffer on the CPU to a TVMBackendAllocWorkspace / Free pair in every iteration of the
+    loop around its block (dynamic_scatter_forward's reduce: one per voxel and vector)."""
+    return "local" if kind == "cuda" else "global"

@@ -22,6 +22,7 @@ from tvm.script import tirx as T
 from ...host_buffers import LINE_BYTES
 from .. import cpu_ir, task_queue
 from ..border_align_sampling import sample_xy
+from ..point_vectors import scratch_scope
 from ..prefetch import prefetch_words
 
 SCATTER = "border_align_backward_scatter"
@@ -105,9 +106,10 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
     small keeps TVM's simplifier fast (one expression tree per store took minutes), and the
     store indices read staged values, not argmax_idx.  Invalid lanes get corner (0, 0) and a
     zero gradient (Select, not a branch, so the CPU loop stays one vector body)."""
-    SY = T.alloc_buffer((lanes,), "float32", scope="local")  # clamped sample y (0 if invalid)
-    SX = T.alloc_buffer((lanes,), "float32", scope="local")
-    SG = T.alloc_buffer((lanes,), "float32", scope="local")  # gradient, 0 if invalid
+    scratch = T.meta_var(scratch_scope("cuda" if atomic else "llvm"))
+    SY = T.alloc_buffer((lanes,), "float32", scope=scratch)  # clamped sample y (0 if invalid)
+    SX = T.alloc_buffer((lanes,), "float32", scope=scratch)
+    SG = T.alloc_buffer((lanes,), "float32", scope=scratch)  # gradient, 0 if invalid
     for l in lane_loop(lanes):
         am = T.meta_var(AM[vn, vk, vs, c0 + l])
         hit = T.meta_var(am >= 0 and am <= pool_size)

@@ -101,7 +101,7 @@ class DynamicScatterBackward(Operator):
 
     def computes(self, dtype, plan, model):
         widths = (plan["vec"], 1) if model.kind == "llvm" else (1, 1)
-        return {**kernel_computes(dtype), **voxel_owner_computes(dtype, widths)}
+        return {**kernel_computes(dtype), **voxel_owner_computes(dtype, widths, model.kind)}
 
     def _by_voxels(self, problem, plan) -> bool:
         return problem.device == "cpu" and plan.get("max_owners") == "voxels"

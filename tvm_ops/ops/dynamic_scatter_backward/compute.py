@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from ..point_vectors import point, vectors
+from ..point_vectors import point, scratch_scope, vectors
 
 def kernel_computes(dtype: str) -> dict:
     """Schedule-free TensorIR of the five kernels; N, M and C stay symbolic and
@@ -108,7 +108,7 @@ def kernel_computes(dtype: str) -> dict:
             "sum_scatter": sum_scatter, "mean_scatter": mean_scatter}
 
 
-def voxel_owner_computes(dtype: str, widths: tuple) -> dict:
+def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
     """The CPU's max plan by voxel owners: `max_buckets` (serial) lists each valid voxel's
     points in index order (a counting sort of point2voxel_map: order, start), then
     `max_voxels` walks each voxel's points per channel vector twice: the first point whose
@@ -116,7 +116,8 @@ def voxel_owner_computes(dtype: str, widths: tuple) -> dict:
     its points' gradient row written (g there, 0 elsewhere); `max_unbucketed` zeroes the
     rows of points in no valid voxel. The same winner as the traceback's min (the smallest
     matching index): the same bits. `widths`: channels per vector of max_voxels and
-    max_voxels_small."""
+    max_voxels_small; `kind`: the target's (llvm, cuda)."""
+    scratch = scratch_scope(kind)
 
     @T.prim_func(s_tir=True)
     def max_buckets(map_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_num: T.int32):
@@ -165,7 +166,7 @@ def voxel_owner_computes(dtype: str, widths: tuple) -> dict:
                     T.reads(grad_voxel_feats[vv, 0:C], feats[0:N, 0:C], voxel_feats[vv, 0:C], order[0:N],
                             start[vv:vv + 2])
                     T.writes(grad_feats[0:N, 0:C])
-                    first = T.alloc_buffer((lanes,), "int32", scope="local")
+                    first = T.alloc_buffer((lanes,), "int32", scope=scratch)
                     for lane in T.vectorized(lanes):
                         first[lane] = N
                     for i in range(start[vv], start[vv + 1]):

@@ -44,13 +44,14 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..point_vectors import point, vectors
+from ..point_vectors import point, scratch_scope, vectors
 from ..prefetch import LINE_WORDS
 
 RADIX_BITS = 11
 RADIX = 1 << RADIX_BITS
 INT_BITS = 31  # a coordinate of a kept point is a non-negative int32
 KEY_BITS = 62  # a row whose columns' widths add up to this packs into one int64 key
+KEY_PASSES = (KEY_BITS + RADIX_BITS - 1) // RADIX_BITS  # at most, for a packed key
 # the CPU's grouping also comes with D fixed (its per-point column loops unrolled: a third
 # faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
 FIXED_COLUMNS = (3, 4)
@@ -104,6 +105,18 @@ def _digit_counts(hist, kept, digit_of):
         state[1] = state[1] + here
 
 
+@T.macro(hygienic=False)
+def _key_pass(key_hist, src_order, src_keys, dst_order, dst_keys, kept, pass_):
+    """One stable counting-sort pass of the packed keys by digit `pass_` (its histogram's
+    first slots in key_hist[pass_ * RADIX:], advanced as the keys land)."""
+    for i in range(kept):
+        slot_of = T.Bind(pass_ * RADIX + _key_digit(src_keys[i], T.Cast("int64", pass_ * RADIX_BITS)))
+        slot = T.Bind(key_hist[slot_of])
+        dst_order[slot] = src_order[i]
+        dst_keys[slot] = src_keys[i]
+        key_hist[slot_of] = slot + 1
+
+
 def _with_columns(func, columns: int):
     """`func` (whose first parameter is coors [N, D]) specialised to D = columns."""
     coors = func.params[0]
@@ -135,6 +148,7 @@ def group_computes() -> dict:
                 T.writes(order[0:P], scratch[0:P], keys[0:N], keys_tmp[0:N], bits[0:D], start[0:S], voxel_of[0:N],
                          count[0])
                 hist = T.alloc_buffer((RADIX,), "int32", scope="local")
+                key_hist = T.alloc_buffer((KEY_PASSES * RADIX,), "int32", scope="local")
                 flag = T.alloc_buffer((1,), "int32", scope="local")
                 key = T.alloc_buffer((1,), "int64", scope="local")
                 state = T.alloc_buffer((4,), "int32", scope="local")
@@ -167,27 +181,36 @@ def group_computes() -> dict:
                 total = T.Bind(state[2])
                 state[0] = 0  # from here: the voxels found
                 if total <= KEY_BITS:
-                    # 3. a row packed into one int64 key (column 0 highest), sorted as a whole
+                    # 3. a row packed into one int64 key (column 0 highest) and, in the same
+                    # sweep, every pass's digit histogram
+                    passes = T.Bind((total + RADIX_BITS - 1) // RADIX_BITS)
+                    for b in range(KEY_PASSES * RADIX):
+                        key_hist[b] = 0
                     for i in range(kept):
                         key[0] = T.int64(0)
                         for d in range(D):
                             key[0] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", bits[d])),
                                                   T.Cast("int64", coors[order[i], d]))
                         keys[i] = key[0]
-                    state[3] = 0
-                    while state[3] < total:
-                        shift = T.Bind(T.Cast("int64", state[3]))
-                        _digit_counts(hist, kept, lambda i: _key_digit(keys[i], shift))
-                        for i in range(kept):
-                            digit = T.Bind(_key_digit(keys[i], shift))
-                            slot = T.Bind(hist[digit])
-                            scratch[slot] = order[i]
-                            keys_tmp[slot] = keys[i]
-                            hist[digit] = slot + 1
-                        for i in range(kept):
-                            order[i] = scratch[i]
-                            keys[i] = keys_tmp[i]
-                        state[3] = state[3] + RADIX_BITS
+                        for pass_ in range(passes):
+                            digit = T.Bind(pass_ * RADIX + _key_digit(key[0], T.Cast("int64", pass_ * RADIX_BITS)))
+                            key_hist[digit] = key_hist[digit] + 1
+                    for pass_ in range(passes):  # each histogram into its digits' first slots
+                        state[1] = 0
+                        for b in range(RADIX):
+                            here = T.Bind(key_hist[pass_ * RADIX + b])
+                            key_hist[pass_ * RADIX + b] = state[1]
+                            state[1] = state[1] + here
+                    # the passes, least significant digit first, between (order, keys) and
+                    # (scratch, keys_tmp) in turn; an odd count ends with one copy back
+                    for pair in range((passes + 1) // 2):
+                        _key_pass(key_hist, order, keys, scratch, keys_tmp, kept, 2 * pair)
+                        if 2 * pair + 1 < passes:
+                            _key_pass(key_hist, scratch, keys_tmp, order, keys, kept, 2 * pair + 1)
+                        else:
+                            for i in range(kept):
+                                order[i] = scratch[i]
+                                keys[i] = keys_tmp[i]
                     # 4. a key unlike the previous one starts a voxel
                     for i in range(kept):
                         if i == 0:
@@ -391,9 +414,10 @@ def group_computes() -> dict:
             "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
 
 
-def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int = 0):
+def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int = 0, scratch: str = "local"):
     """voxel_feats[v, c] over voxel v's points in point order; `lanes` channels per vector
-    (1: one channel at a time: C below the vector width, and CUDA)."""
+    (1: one channel at a time: C below the vector width, and CUDA); `scratch`: the scope of
+    the accumulator (point_vectors.scratch_scope)."""
     f32 = "float32"
     ahead_lines = max(1, lanes // LINE_WORDS)  # the cache lines of one channel vector
 
@@ -410,7 +434,7 @@ def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int = 0):
                 vv, vo = T.axis.remap("SS", [v, o])
                 T.reads(feats[0:N, 0:C], order[0:P], start[vv:vv + 2])
                 T.writes(voxel_feats[vv, 0:C])
-                acc = T.alloc_buffer((lanes,), f32, scope="local")
+                acc = T.alloc_buffer((lanes,), f32, scope=scratch)
                 for lane in T.vectorized(lanes):
                     acc[lane] = T.float32(float("-inf")) if reduce_type == "max" else T.float32(0)
                 for i in range(start[vv], start[vv + 1]):
@@ -436,9 +460,10 @@ def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int = 0):
     return reduce
 
 
-def fill_computes(dtype: str, widths: tuple, ahead: int) -> dict:
+def fill_computes(dtype: str, widths: tuple, ahead: int, kind: str) -> dict:
     """The kernels that write the outputs once M is known; `widths`: the channels per vector
-    of the three reduce widths (REDUCE_WIDTHS), `ahead`: the reduce's prefetch distance."""
+    of the three reduce widths (REDUCE_WIDTHS), `ahead`: the reduce's prefetch distance,
+    `kind`: the target's (llvm, cuda)."""
 
     @T.prim_func(s_tir=True)
     def voxel_rows(coors_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_coors_h: T.handle,
@@ -480,5 +505,6 @@ def fill_computes(dtype: str, widths: tuple, ahead: int) -> dict:
     kernels = {"voxel_rows": voxel_rows, "point_map": point_map}
     for reduce_type in REDUCE_TYPES:
         for suffix, lanes in zip(REDUCE_WIDTHS, widths):
-            kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead)
+            kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead,
+                                                                      scratch_scope(kind))
     return kernels

@@ -91,8 +91,9 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
                 vt = T.axis.remap("S", [task])
                 T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
                 T.writes(out[0:B, 0:C, 0:N])
-                IDX = T.alloc_buffer((3, lanes), "int32", scope="local")
-                W = T.alloc_buffer((3, lanes), "float32", scope="local")
+                # stack allocas (a CPU-only kernel: point_vectors.scratch_scope)
+                IDX = T.alloc_buffer((3, lanes), "int32")
+                W = T.alloc_buffer((3, lanes), "float32")
                 b = T.Bind(vt // T.ceildiv(C, c_tile))
                 c0 = T.Bind(vt % T.ceildiv(C, c_tile) * c_tile)
                 for o in range(T.ceildiv(N, lanes)):

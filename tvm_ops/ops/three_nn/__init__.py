@@ -47,7 +47,7 @@ class ThreeNN(Operator):
 
     def computes(self, dtype, plan, model):
         lanes = int(plan["vector"]) if model.kind == "llvm" else 1
-        return {"three_nn": nn_compute(dtype, lanes), "three_nn_small": nn_compute(dtype, 1)}
+        return {"three_nn": nn_compute(dtype, lanes, model.kind), "three_nn_small": nn_compute(dtype, 1, model.kind)}
 
     def launch(self, kernels, problem, tensors):
         args = [tensors[t] for t in ("unknown", "known", "dist2", "idx")]

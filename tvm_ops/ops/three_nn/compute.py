@@ -27,15 +27,17 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..point_vectors import point, vectors
+from ..point_vectors import point, scratch_scope, vectors
 
 KERNELS = ("three_nn", "three_nn_small")
 NO_INDEX = -1  # the index of a slot no known point reached (NaN / inf distances only)
 
 
-def nn_compute(dtype: str, lanes: int):
-    """The kernel for one input dtype; `lanes` points per vector (1: one at a time)."""
+def nn_compute(dtype: str, lanes: int, kind: str):
+    """The kernel for one input dtype; `lanes` points per vector (1: one at a time); `kind`
+    the target's (llvm, cuda)."""
     EL = np.dtype(dtype).itemsize
+    scratch = scratch_scope(kind)
     f32 = "float32"
     inf = tirx.const(float("inf"), f32)
 
@@ -53,9 +55,9 @@ def nn_compute(dtype: str, lanes: int):
                 T.reads(unknown[vb, 0:N, 0:3], known[vb, 0:M, 0:3])
                 T.writes(dist2[vb, 0:N, 0:3], idx[vb, 0:N, 0:3])
                 # the vector's points and its running top-3, a lane axis each: registers
-                pt = T.alloc_buffer((3, lanes), f32, scope="local")
-                best = T.alloc_buffer((3, lanes), f32, scope="local")
-                best_i = T.alloc_buffer((3, lanes), "int32", scope="local")
+                pt = T.alloc_buffer((3, lanes), f32, scope=scratch)
+                best = T.alloc_buffer((3, lanes), f32, scope=scratch)
+                best_i = T.alloc_buffer((3, lanes), "int32", scope=scratch)
                 for k, v in T.grid(3, lanes):
                     pt[k, v] = T.Cast(f32, unknown[vb, point(N, lanes, vo, v), k])
                     best[k, v] = inf
