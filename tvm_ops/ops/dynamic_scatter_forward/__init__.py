@@ -46,9 +46,9 @@ class DynamicScatterForward(Operator):
 
     def computes(self, dtype, plan, model):
         if model.kind == "cuda":  # a thread per channel: every width is 1
-            return {**group_computes(), **fill_computes(dtype, (1, 1, 1), 0, model.kind)}
+            return {**group_computes(model.kind), **fill_computes(dtype, (1, 1, 1), 0, model.kind)}
         widths = (int(plan["vector"]), int(plan["lanes"]), 1)
-        return {**group_computes(), **fill_computes(dtype, widths, int(plan["prefetch_points"]), model.kind)}
+        return {**group_computes(model.kind), **fill_computes(dtype, widths, int(plan["prefetch_points"]), model.kind)}
 
     def workspaces(self, problem, plan):
         n = problem.sizes["N"]

@@ -123,9 +123,11 @@ def _with_columns(func, columns: int):
     return func.specialize({coors: tirx.decl_buffer((tirx.Var("N", "int32"), columns), "int32", "coors")})
 
 
-def group_computes() -> dict:
+def group_computes(kind: str) -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
-    symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan)."""
+    symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan).
+    `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers."""
+    scratch = scratch_scope(kind)
 
     @T.prim_func(s_tir=True)
     def group_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle, keys_h: T.handle,
@@ -274,9 +276,9 @@ def group_computes() -> dict:
                 T.reads(coors[0:N, 0:D], src[0:P])
                 T.writes(dst[vi])
                 # rank[0], rank[1]: 0 kept, 1 dropped, 2 padding; order[0] < 0: a before b
-                rank = T.alloc_buffer((2,), "int32", scope="local")
-                flag = T.alloc_buffer((1,), "int32", scope="local")
-                order = T.alloc_buffer((1,), "int32", scope="local")
+                rank = T.alloc_buffer((2,), "int32", scope=scratch)
+                flag = T.alloc_buffer((1,), "int32", scope=scratch)
+                order = T.alloc_buffer((1,), "int32", scope=scratch)
                 a = T.Bind(src[vi])
                 b = T.Bind(src[T.bitwise_xor(vi, j)])
                 rank[0] = 2
@@ -315,7 +317,7 @@ def group_computes() -> dict:
                 vi = T.axis.remap("S", [i])
                 T.reads(coors[0:N, 0:D], order[0:N])
                 T.writes(flags[vi])
-                flag = T.alloc_buffer((1,), "int32", scope="local")
+                flag = T.alloc_buffer((1,), "int32", scope=scratch)
                 n = T.Bind(order[vi])
                 _dropped_into(flag, coors, n, D)
                 if flag[0] == 1:
@@ -337,7 +339,7 @@ def group_computes() -> dict:
                 vg = T.axis.remap("S", [g])
                 T.reads(flags[0:N])
                 T.writes(totals[vg])
-                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc = T.alloc_buffer((1,), "int32", scope=scratch)
                 acc[0] = 0
                 for t in range(T.min(chunk, N - vg * chunk)):
                     acc[0] = acc[0] + flags[vg * chunk + t]
@@ -353,7 +355,7 @@ def group_computes() -> dict:
             with T.sblock("offsets"):
                 T.reads(totals[0:G])
                 T.writes(offsets[0:G])
-                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc = T.alloc_buffer((1,), "int32", scope=scratch)
                 acc[0] = 0
                 for g in range(G):
                     offsets[g] = acc[0]
@@ -371,7 +373,7 @@ def group_computes() -> dict:
                 vg = T.axis.remap("S", [g])
                 T.reads(flags[0:N], offsets[vg])
                 T.writes(voxel_of[0:N])
-                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc = T.alloc_buffer((1,), "int32", scope=scratch)
                 acc[0] = offsets[vg]
                 for t in range(T.min(chunk, N - vg * chunk)):
                     acc[0] = acc[0] + flags[vg * chunk + t]
@@ -393,7 +395,7 @@ def group_computes() -> dict:
                 vi = T.axis.remap("S", [i])
                 T.reads(coors[0:N, 0:D], order[0:N], flags[vi], voxel_of[vi])
                 T.writes(start[0:S], count[0])
-                flag = T.alloc_buffer((1,), "int32", scope="local")
+                flag = T.alloc_buffer((1,), "int32", scope=scratch)
                 _dropped_into(flag, coors, order[vi], D)
                 if flag[0] == 0:
                     v = T.Bind(voxel_of[vi])
