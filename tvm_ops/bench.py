@@ -200,8 +200,8 @@ _peaks: dict = {}
 
 def peak_flops(model: TargetModel) -> float | None:
     """Float32 FLOP/s of an FMA loop in TVM on every core (FMA_CHAINS independent vector
-    accumulators each; the fastest of 7 runs), measured once per process; None for other
-    than this host's CPU."""
+    accumulators each; the fastest of 15 repeats), measured once per process; None for
+    other than this host's CPU."""
     if not host_cpu(model):
         return None
     if model.key not in _peaks:
@@ -231,8 +231,9 @@ def peak_flops(model: TargetModel) -> float | None:
                              target=model.tvm_target())
         out = tvm.runtime.empty((model.cores, chains, lanes), "float32", tvm.cpu())
         lib["fma_loop"](out, iters)  # the thread pool up, the cores at their vector clock
-        # the best of the repeats: a peak, and a shared host only ever slows a repeat
-        seconds = min(lib.time_evaluator("fma_loop", tvm.cpu(), number=1, repeat=7)(out, iters).results)
+        # the best of 15 repeats of 10 runs (~2 ms each, 30 ms in all): a peak, and a shared
+        # host only ever slows a repeat (7 single runs, 1.5 ms in all, once read a third)
+        seconds = min(lib.time_evaluator("fma_loop", tvm.cpu(), number=10, repeat=15)(out, iters).results)
         _peaks[model.key] = model.cores * iters * chains * lanes * 2 / seconds
     return _peaks[model.key]
 
