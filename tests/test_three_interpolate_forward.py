@@ -76,6 +76,21 @@ def test_float16_sums_in_float32_and_rounds_once():
     assert tvm_ops.three_interpolate_forward(f, idx, w).tolist() == [[[2050.0]]]
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 40])
+def test_float16_vector_gathers_pick_each_column(m):
+    """The CPU's float16 gathers read a pair of halves and keep one (gather_ir): every
+    column, the first and the last included, gives the portable kernel's bits (a call with
+    fewer points than a vector runs it). M = 1 has no pair: it runs the portable kernel."""
+    f, idx, w = inputs(2, 5, m, 64, "float16", seed=m)
+    idx[:, :, 0] = 0
+    idx[:, :, 1] = m - 1
+    vector = tvm_ops.three_interpolate_forward(f, idx, w)
+    portable = np.concatenate([tvm_ops.three_interpolate_forward(f, idx[:, i:i + 8], w[:, i:i + 8])
+                               for i in range(0, 64, 8)], axis=2)
+    assert np.array_equal(vector, portable)
+    check_against_reference(f, idx, w, vector, "float16")
+
+
 def test_output_never_written_outside_the_callers_buffer():
     f, idx, w = inputs(2, 7, 20, 37, low=-5, high=25)
     size = 2 * 7 * 37

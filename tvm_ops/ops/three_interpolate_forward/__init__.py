@@ -48,7 +48,10 @@ class ThreeInterpolateForward(Operator):
 
     def launch(self, kernels, problem, tensors):
         args = [tensors[t] for t in ("features", "indices", "weights", "output")]
-        small = problem.device == "cpu" and problem.sizes["N"] < int(kernels.plan["vector"])
+        # the portable kernel below one vector of points, and for float16 with one feature
+        # column (the vector kernel's half gathers read a pair of columns: gather_ir)
+        small = problem.device == "cpu" and (problem.sizes["N"] < int(kernels.plan["vector"]) or (
+            problem.dtype == "float16" and problem.sizes["M"] < 2))
         kernels[KERNELS[1] if small else KERNELS[0]](*args)
 
 

@@ -117,19 +117,38 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
 def gather_ir(lanes: int) -> str:
     """LLVM IR of tvm_ops_gather_{f32,f16,i32}_x<lanes>(base, <lanes x i32> index): the
     elements base[index[l]] (f16 widened to float) by llvm.masked.gather, generic IR that
-    every CPU compiles (x86: vgatherdps / vpgatherdd with AVX2 or AVX-512; float16 and
-    other CPUs: LLVM's scalar expansion)."""
+    every CPU compiles (x86: vgatherdps / vpgatherdd with AVX2 or AVX-512).
+
+    float16 has no gather instruction (LLVM expands a half gather into scalar loads, 3-4x
+    slower than float32 here), so its lanes gather the 32-bit word of halves
+    (index - 1, index), or (0, 1) at index 0, and keep the high half, or the low one at
+    index 0: one vpgatherdd, a shift and a conversion. The word reads base[max(index, 1)]
+    at most: the caller keeps that inside its buffer (three_interpolate_forward: M >= 2,
+    or the portable kernel)."""
     mask = ", ".join(["i1 true"] * lanes)
-    parts = []
-    for name, elem, suffix, align in (("f32", "float", "f32", 4), ("i32", "i32", "i32", 4), ("f16", "half", "f16", 2)):
-        v = f"<{lanes} x {elem}>"
-        result = f"<{lanes} x float>" if elem == "half" else v
-        intrinsic = f"@llvm.masked.gather.v{lanes}{suffix}.v{lanes}p0"
-        widen = f"  %w = fpext {v} %g to {result}\n  ret {result} %w" if elem == "half" else f"  ret {v} %g"
-        parts.append(f"declare {v} {intrinsic}(<{lanes} x ptr>, i32, <{lanes} x i1>, {v})\n"
-                     f"define {result} @tvm_ops_gather_{name}_x{lanes}(ptr %base, <{lanes} x i32> %index) "
-                     f"alwaysinline {{\nentry:\n"
-                     f"  %p = getelementptr {elem}, ptr %base, <{lanes} x i32> %index\n"
-                     f"  %g = call {v} {intrinsic}(<{lanes} x ptr> %p, i32 {align}, <{lanes} x i1> <{mask}>, {v} poison)\n"
-                     f"{widen}\n}}\n")
-    return "".join(parts)
+    splat = lambda value: "<" + ", ".join([f"i32 {value}"] * lanes) + ">"  # noqa: E731
+    v32, vf, vp = f"<{lanes} x i32>", f"<{lanes} x float>", f"<{lanes} x ptr>"
+    i32_gather = f"@llvm.masked.gather.v{lanes}i32.v{lanes}p0"
+    f32_gather = f"@llvm.masked.gather.v{lanes}f32.v{lanes}p0"
+    return (f"declare {v32} {i32_gather}({vp}, i32, <{lanes} x i1>, {v32})\n"
+            f"declare {vf} {f32_gather}({vp}, i32, <{lanes} x i1>, {vf})\n"
+            f"define {vf} @tvm_ops_gather_f32_x{lanes}(ptr %base, {v32} %index) alwaysinline {{\nentry:\n"
+            f"  %p = getelementptr float, ptr %base, {v32} %index\n"
+            f"  %g = call {vf} {f32_gather}({vp} %p, i32 4, <{lanes} x i1> <{mask}>, {vf} poison)\n"
+            f"  ret {vf} %g\n}}\n"
+            f"define {v32} @tvm_ops_gather_i32_x{lanes}(ptr %base, {v32} %index) alwaysinline {{\nentry:\n"
+            f"  %p = getelementptr i32, ptr %base, {v32} %index\n"
+            f"  %g = call {v32} {i32_gather}({vp} %p, i32 4, <{lanes} x i1> <{mask}>, {v32} poison)\n"
+            f"  ret {v32} %g\n}}\n"
+            f"define {vf} @tvm_ops_gather_f16_x{lanes}(ptr %base, {v32} %index) alwaysinline {{\nentry:\n"
+            f"  %high = icmp sgt {v32} %index, zeroinitializer\n"
+            f"  %before = sub {v32} %index, {splat(1)}\n"
+            f"  %word = select <{lanes} x i1> %high, {v32} %before, {v32} zeroinitializer\n"
+            f"  %p = getelementptr i16, ptr %base, {v32} %word\n"
+            f"  %g = call {v32} {i32_gather}({vp} %p, i32 2, <{lanes} x i1> <{mask}>, {v32} poison)\n"
+            f"  %shift = select <{lanes} x i1> %high, {v32} {splat(16)}, {v32} zeroinitializer\n"
+            f"  %half_bits = lshr {v32} %g, %shift\n"
+            f"  %t = trunc {v32} %half_bits to <{lanes} x i16>\n"
+            f"  %h = bitcast <{lanes} x i16> %t to <{lanes} x half>\n"
+            f"  %w = fpext <{lanes} x half> %h to {vf}\n"
+            f"  ret {vf} %w\n}}\n")
