@@ -3,11 +3,13 @@
 Grouping (two plans, the schedule file's `sort` knob picks one per target):
   radix (CPU)    group_rows, one serial kernel: the kept points (every coordinate >= 0) in
                  index order, the dropped after them; each column's width in bits (of its
-                 largest value). When the widths add up to 62 bits or less (MVXNet's grid:
-                 6 + 11 + 11), each row is packed into one int64 key and the keys are LSD
-                 radix sorted, 11-bit digits; otherwise the rows are sorted column by
-                 column, the last first. Both are stable: each voxel's points stay in point
-                 order, and no key can overflow. Then one walk marks each voxel's first
+                 largest value). When the widths and the point index's add up to 63 bits
+                 or less (MVXNet's grid: 6 + 11 + 11, and 15 for 20k points), each row is
+                 packed into one int64 key above its point's index, and the keys are LSD
+                 radix sorted on the row's bits in 14-bit digits (every pass's histogram
+                 counted in the packing sweep, the passes between two buffers in turn);
+                 otherwise the rows are sorted column by column, the last first. Both are
+                 stable: each voxel's points stay in point order, and no key can overflow. Then one walk marks each voxel's first
                  point (a key or row unlike the previous one), numbers the voxels and
                  records where each starts. group_rows_d3 / _d4: the same with D fixed.
   bitonic (CUDA) bitonic_init + bitonic_step: a bitonic network over the P >= N (a power of
@@ -47,11 +49,12 @@ from tvm.script import tirx as T
 from ..point_vectors import point, scratch_scope, vectors
 from ..prefetch import LINE_WORDS
 
-RADIX_BITS = 11
+RADIX_BITS = 14
 RADIX = 1 << RADIX_BITS
 INT_BITS = 31  # a coordinate of a kept point is a non-negative int32
-KEY_BITS = 62  # a row whose columns' widths add up to this packs into one int64 key
-KEY_PASSES = (KEY_BITS + RADIX_BITS - 1) // RADIX_BITS  # at most, for a packed key
+# a row whose columns' widths and its point index's add up to this packs into one int64 key
+KEY_BITS = 63
+KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index takes a bit at least)
 # the CPU's grouping also comes with D fixed (its per-point column loops unrolled: a third
 # faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
 FIXED_COLUMNS = (3, 4)
@@ -106,14 +109,14 @@ def _digit_counts(hist, kept, digit_of):
 
 
 @T.macro(hygienic=False)
-def _key_pass(key_hist, src_order, src_keys, dst_order, dst_keys, kept, pass_):
-    """One stable counting-sort pass of the packed keys by digit `pass_` (its histogram's
-    first slots in key_hist[pass_ * RADIX:], advanced as the keys land)."""
+def _key_pass(key_hist, src, dst, kept, pass_, index_bits):
+    """One stable counting-sort pass of the packed keys by row digit `pass_` (above the
+    index_bits of the point index; its histogram's first slots in key_hist[pass_ * RADIX:],
+    advanced as the keys land)."""
     for i in range(kept):
-        slot_of = T.Bind(pass_ * RADIX + _key_digit(src_keys[i], T.Cast("int64", pass_ * RADIX_BITS)))
+        slot_of = T.Bind(pass_ * RADIX + _key_digit(src[i], T.Cast("int64", index_bits + pass_ * RADIX_BITS)))
         slot = T.Bind(key_hist[slot_of])
-        dst_order[slot] = src_order[i]
-        dst_keys[slot] = src_keys[i]
+        dst[slot] = src[i]
         key_hist[slot_of] = slot + 1
 
 
@@ -127,7 +130,7 @@ def group_computes(kind: str) -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
     symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan).
     `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers."""
-    scratch = scratch_scope(kind)
+    small = scratch_scope(kind)
 
     @T.prim_func(s_tir=True)
     def group_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle, keys_h: T.handle,
@@ -151,9 +154,11 @@ def group_computes(kind: str) -> dict:
                          count[0])
                 hist = T.alloc_buffer((RADIX,), "int32", scope="local")
                 key_hist = T.alloc_buffer((KEY_PASSES * RADIX,), "int32", scope="local")
-                flag = T.alloc_buffer((1,), "int32", scope="local")
-                key = T.alloc_buffer((1,), "int64", scope="local")
-                state = T.alloc_buffer((4,), "int32", scope="local")
+                # the walks' running state: stack allocas LLVM keeps in registers (a workspace's
+                # pointer is opaque to it: every access would be a load or a store)
+                flag = T.alloc_buffer((1,), "int32", scope=small)
+                key = T.alloc_buffer((1,), "int64", scope=small)
+                state = T.alloc_buffer((4,), "int32", scope=small)
                 # 1. the kept points in index order, then the dropped; each column's largest value
                 for d in range(D):
                     bits[d] = 0
@@ -182,18 +187,24 @@ def group_computes(kind: str) -> dict:
                     state[2] = state[2] + state[3]
                 total = T.Bind(state[2])
                 state[0] = 0  # from here: the voxels found
-                if total <= KEY_BITS:
-                    # 3. a row packed into one int64 key (column 0 highest) and, in the same
-                    # sweep, every pass's digit histogram
+                # the width in bits of a point index (N - 1)
+                state[3] = 1
+                while state[3] < INT_BITS and T.shift_right(N - 1, state[3]) > 0:
+                    state[3] = state[3] + 1
+                index_bits = T.Bind(state[3])
+                if total + index_bits <= KEY_BITS:
+                    # 3. a row packed into one int64 key (column 0 highest) above its point's
+                    # index, and, in the same sweep, every pass's digit histogram
                     passes = T.Bind((total + RADIX_BITS - 1) // RADIX_BITS)
-                    for b in range(KEY_PASSES * RADIX):
+                    for b in range(passes * RADIX):
                         key_hist[b] = 0
                     for i in range(kept):
                         key[0] = T.int64(0)
                         for d in range(D):
                             key[0] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", bits[d])),
                                                   T.Cast("int64", coors[order[i], d]))
-                        keys[i] = key[0]
+                        keys[i] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", index_bits)),
+                                               T.Cast("int64", order[i]))
                         for pass_ in range(passes):
                             digit = T.Bind(pass_ * RADIX + _key_digit(key[0], T.Cast("int64", pass_ * RADIX_BITS)))
                             key_hist[digit] = key_hist[digit] + 1
@@ -203,22 +214,25 @@ def group_computes(kind: str) -> dict:
                             here = T.Bind(key_hist[pass_ * RADIX + b])
                             key_hist[pass_ * RADIX + b] = state[1]
                             state[1] = state[1] + here
-                    # the passes, least significant digit first, between (order, keys) and
-                    # (scratch, keys_tmp) in turn; an odd count ends with one copy back
+                    # the passes over the row's digits, least significant first, the index
+                    # riding below them (the keys start in index order and every pass is
+                    # stable), between keys and keys_tmp in turn; an odd count copies back
                     for pair in range((passes + 1) // 2):
-                        _key_pass(key_hist, order, keys, scratch, keys_tmp, kept, 2 * pair)
+                        _key_pass(key_hist, keys, keys_tmp, kept, 2 * pair, index_bits)
                         if 2 * pair + 1 < passes:
-                            _key_pass(key_hist, scratch, keys_tmp, order, keys, kept, 2 * pair + 1)
+                            _key_pass(key_hist, keys_tmp, keys, kept, 2 * pair + 1, index_bits)
                         else:
                             for i in range(kept):
-                                order[i] = scratch[i]
                                 keys[i] = keys_tmp[i]
-                    # 4. a key unlike the previous one starts a voxel
+                    # 4. the sorted points; a row unlike the previous one starts a voxel
                     for i in range(kept):
+                        order[i] = T.Cast("int32", T.bitwise_and(
+                            keys[i], T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1)))
                         if i == 0:
                             flag[0] = 1
                         else:
-                            flag[0] = T.Select(keys[i] != keys[i - 1], 1, 0)
+                            flag[0] = T.Select(T.shift_right(keys[i], T.Cast("int64", index_bits))
+                                               != T.shift_right(keys[i - 1], T.Cast("int64", index_bits)), 1, 0)
                         if flag[0] == 1:
                             start[state[0]] = i
                             state[0] = state[0] + 1
@@ -276,9 +290,9 @@ def group_computes(kind: str) -> dict:
                 T.reads(coors[0:N, 0:D], src[0:P])
                 T.writes(dst[vi])
                 # rank[0], rank[1]: 0 kept, 1 dropped, 2 padding; order[0] < 0: a before b
-                rank = T.alloc_buffer((2,), "int32", scope=scratch)
-                flag = T.alloc_buffer((1,), "int32", scope=scratch)
-                order = T.alloc_buffer((1,), "int32", scope=scratch)
+                rank = T.alloc_buffer((2,), "int32", scope=small)
+                flag = T.alloc_buffer((1,), "int32", scope=small)
+                order = T.alloc_buffer((1,), "int32", scope=small)
                 a = T.Bind(src[vi])
                 b = T.Bind(src[T.bitwise_xor(vi, j)])
                 rank[0] = 2
@@ -317,7 +331,7 @@ def group_computes(kind: str) -> dict:
                 vi = T.axis.remap("S", [i])
                 T.reads(coors[0:N, 0:D], order[0:N])
                 T.writes(flags[vi])
-                flag = T.alloc_buffer((1,), "int32", scope=scratch)
+                flag = T.alloc_buffer((1,), "int32", scope=small)
                 n = T.Bind(order[vi])
                 _dropped_into(flag, coors, n, D)
                 if flag[0] == 1:
@@ -339,7 +353,7 @@ def group_computes(kind: str) -> dict:
                 vg = T.axis.remap("S", [g])
                 T.reads(flags[0:N])
                 T.writes(totals[vg])
-                acc = T.alloc_buffer((1,), "int32", scope=scratch)
+                acc = T.alloc_buffer((1,), "int32", scope=small)
                 acc[0] = 0
                 for t in range(T.min(chunk, N - vg * chunk)):
                     acc[0] = acc[0] + flags[vg * chunk + t]
@@ -355,7 +369,7 @@ def group_computes(kind: str) -> dict:
             with T.sblock("offsets"):
                 T.reads(totals[0:G])
                 T.writes(offsets[0:G])
-                acc = T.alloc_buffer((1,), "int32", scope=scratch)
+                acc = T.alloc_buffer((1,), "int32", scope=small)
                 acc[0] = 0
                 for g in range(G):
                     offsets[g] = acc[0]
@@ -373,7 +387,7 @@ def group_computes(kind: str) -> dict:
                 vg = T.axis.remap("S", [g])
                 T.reads(flags[0:N], offsets[vg])
                 T.writes(voxel_of[0:N])
-                acc = T.alloc_buffer((1,), "int32", scope=scratch)
+                acc = T.alloc_buffer((1,), "int32", scope=small)
                 acc[0] = offsets[vg]
                 for t in range(T.min(chunk, N - vg * chunk)):
                     acc[0] = acc[0] + flags[vg * chunk + t]
@@ -395,7 +409,7 @@ def group_computes(kind: str) -> dict:
                 vi = T.axis.remap("S", [i])
                 T.reads(coors[0:N, 0:D], order[0:N], flags[vi], voxel_of[vi])
                 T.writes(start[0:S], count[0])
-                flag = T.alloc_buffer((1,), "int32", scope=scratch)
+                flag = T.alloc_buffer((1,), "int32", scope=small)
                 _dropped_into(flag, coors, order[vi], D)
                 if flag[0] == 0:
                     v = T.Bind(voxel_of[vi])
