@@ -152,7 +152,7 @@ def kernel(model, pattern: AccessPattern, ahead: int):
                             updated[r, step * vector + part * lanes + lane] = T.Cast(dtype, 0)
         for g in T.parallel(G):
             for step in range(W // vector):
-                acc = T.alloc_buffer((vector,), f32, scope="local")
+                acc = T.alloc_buffer((vector,), f32)  # a stack alloca (point_vectors.scratch_scope)
                 for part in T.unroll(parts):
                     for lane in T.vectorized(lanes):
                         acc[part * lanes + lane] = T.float32(0)
