@@ -86,23 +86,6 @@ def test_dynamic_scatter_forward_pattern_sums_are_the_voxel_sums():
     np.testing.assert_allclose(out, material(op).reference(inputs, params)["voxel_feats"], rtol=1e-5, atol=1e-5)
 
 
-def test_voxel_pooling_forward_pattern_adds_each_kept_point_to_its_voxel():
-    """The pattern's entries, one per kept point in point order, added up (numpy: the
-    pattern's kernel races between cores on shared rows) give the reference's sums."""
-    op, inputs, params = _case_inputs("voxel_pooling_forward", "bnd_3x999x19_7x5x3")
-    pattern = material(op).access_pattern(inputs, params)
-    feat, geom = inputs["input_features"], inputs["geom_xyz"]
-    B, N, C = feat.shape
-    kept = (geom[..., 0] >= 0) & (geom[..., 0] < 7) & (geom[..., 1] >= 0) & (geom[..., 1] < 5)
-    kept &= (geom[..., 2] >= 0) & (geom[..., 2] < 3)
-    assert pattern.scatter and not pattern.gather and (pattern.rows, pattern.width) == (B * 5 * 7, C)
-    assert 0 < kept.sum() < B * N and np.array_equal(np.diff(pattern.offsets), np.ones(kept.sum()))
-    sums = np.zeros((pattern.rows, C))
-    np.add.at(sums, pattern.index, feat[kept].astype(np.float64))  # feat[kept]: row-major, point order
-    np.testing.assert_allclose(sums, material(op).reference(inputs, params)["output_features"].reshape(-1, C),
-                               rtol=1e-12, atol=1e-12)
-
-
 def test_the_bench_holds_a_case_with_a_pattern_to_it():
     op, _, _ = _case_inputs("ms_deform_attn_forward", "net_detr_decoder_reduced")
     case = next(c for c in op.spec.cases if c.name == "net_detr_decoder_reduced")

@@ -100,18 +100,3 @@ def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
     x, y, z = geom[..., 0], geom[..., 1], geom[..., 2]
     return (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
 
-
-def access_pattern(inputs, params):
-    """The updates alone: the output zeroed, then each kept point's feature row added to its
-    voxel's row, batch by batch in point order (the CPU kernel's order)."""
-    from ..access_pattern import AccessPattern, offsets_of
-
-    geom = np.asarray(inputs["geom_xyz"]).astype(np.int64)
-    feat = inputs["input_features"]
-    X, Y, Z = params["num_voxel_x"], params["num_voxel_y"], params["num_voxel_z"]
-    B, N, C = feat.shape
-    kept = _kept(geom, X, Y, Z)
-    b = np.broadcast_to(np.arange(B)[:, None], (B, N))
-    voxel = ((b * Y + geom[..., 1]) * X + geom[..., 0])[kept]  # row-major: batches, then points
-    return AccessPattern(B * Y * X, C, offsets_of(np.ones(voxel.size, np.int64)), voxel, gather=False,
-                         scatter=True, dtype=str(feat.dtype))
