@@ -11,8 +11,8 @@ and takes it as the case's roofline in place of the bytes one.
 A pattern is a [R, W] table and G groups in CSR form: group g touches the rows
 index[offsets[g]:offsets[g + 1]]. gather: out[g] = the sum of those rows (a [G, W] write);
 scatter: the table zeroed, then each of those rows += src[g] (a [G, W] read). The groups
-run over the cores; scattered updates to a shared row race between them (wrong sums, the fastest the pattern
-can go: a lower bound on any correct kernel's time). The rows are contiguous in the table,
+run over the cores; scattered updates to a shared row race between them (wrong sums, the
+fastest the pattern can go: a lower bound on any correct kernel's time). The rows are contiguous in the table,
 the layout most favourable to the accesses, whatever the operator's own layout.
 """
 

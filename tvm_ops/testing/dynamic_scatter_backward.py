@@ -42,6 +42,12 @@ def make_inputs(case, dtype, rng):
     return inputs, {"voxel_num": extra.get("voxel_num"), "reduce_type": extra.get("reduce_type", "max")}
 
 
+def valid_voxels(params, M: int) -> int:
+    """The call's voxel_num (an int or a one-element array), M when not given."""
+    voxel_num = params.get("voxel_num")
+    return M if voxel_num is None else int(np.asarray(voxel_num).reshape(-1)[0])
+
+
 def reference(inputs, params):
     """float64, from docs/semantics.md. mean: the exact quotient rounded once to the output dtype
     (the best a float32 result can be, so the spec can ask diff3 == 0 of every mode)."""
@@ -50,7 +56,7 @@ def reference(inputs, params):
     p2v = np.asarray(inputs["point2voxel_map"]).astype(np.int64)
     N, C = feats.shape
     M = voxel_feats.shape[0]
-    voxel_num = M if params.get("voxel_num") is None else int(np.asarray(params["voxel_num"]).reshape(-1)[0])
+    voxel_num = valid_voxels(params, M)
     out = np.zeros((N, C), np.float64)
     pts = np.flatnonzero((p2v >= 0) & (p2v < min(voxel_num, M)))
     vox = p2v[pts]
@@ -82,7 +88,7 @@ def access_pattern(inputs, params):
         return None
     g, p2v = inputs["grad_voxel_feats"], np.asarray(inputs["point2voxel_map"]).astype(np.int64)
     M = g.shape[0]
-    voxel_num = M if params.get("voxel_num") is None else int(np.asarray(params["voxel_num"]).reshape(-1)[0])
+    voxel_num = valid_voxels(params, M)
     taken = (p2v >= 0) & (p2v < min(voxel_num, M))
     return AccessPattern(M, g.shape[1], offsets_of(taken), p2v[taken], gather=True, scatter=False,
                          dtype=str(g.dtype))
@@ -104,7 +110,7 @@ def index_select_peer(inputs, params):
 
     g, p2v, count = (peer_tensor(inputs[k]) for k in ("grad_voxel_feats", "point2voxel_map", "voxel_points_count"))
     M, C = g.shape
-    voxel_num = M if params.get("voxel_num") is None else int(params["voxel_num"])
+    voxel_num = valid_voxels(params, M)
     mean = params.get("reduce_type") == "mean"
 
     def run():
@@ -124,7 +130,7 @@ def torch_peer(inputs, params):
         "grad_voxel_feats", "feats", "voxel_feats", "point2voxel_map", "voxel_points_count"))
     N, C = f.shape
     M = vf.shape[0]
-    voxel_num = M if params.get("voxel_num") is None else int(params["voxel_num"])
+    voxel_num = valid_voxels(params, M)
     reduce_type = params.get("reduce_type", "max")
 
     def run():

@@ -9,9 +9,9 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  radix sorted on the row's bits in 14-bit digits (every pass's histogram
                  counted in the packing sweep, the passes between two buffers in turn);
                  otherwise the rows are sorted column by column, the last first. Both are
-                 stable: each voxel's points stay in point order, and no key can overflow. Then one walk marks each voxel's first
-                 point (a key or row unlike the previous one), numbers the voxels and
-                 records where each starts. group_rows_d3 / _d4: the same with D fixed.
+                 stable: each voxel's points stay in point order, and no key can overflow.
+                 Then one walk marks each voxel's first point (a key or row unlike the
+                 previous one), numbers the voxels and records where each starts. group_rows_d3 / _d4: the same with D fixed.
   bitonic (CUDA) bitonic_init + bitonic_step: a bitonic network over the P >= N (a power of
                  two) entries of a point permutation, one launch per step, ordered by
                  (kept before dropped before padding, row, point index): unique keys, so
@@ -430,10 +430,11 @@ def group_computes(kind: str) -> dict:
             "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
 
 
-def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int = 0, scratch: str = "local"):
+def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: str):
     """voxel_feats[v, c] over voxel v's points in point order; `lanes` channels per vector
-    (1: one channel at a time: C below the vector width, and CUDA); `scratch`: the scope of
-    the accumulator (point_vectors.scratch_scope)."""
+    (1: one channel at a time: C below the vector width, and CUDA); `ahead`: the prefetch
+    distance; `kind`: the target's (llvm, cuda)."""
+    scratch = scratch_scope(kind)
     f32 = "float32"
     ahead_lines = max(1, lanes // LINE_WORDS)  # the cache lines of one channel vector
 
@@ -521,6 +522,5 @@ def fill_computes(dtype: str, widths: tuple, ahead: int, kind: str) -> dict:
     kernels = {"voxel_rows": voxel_rows, "point_map": point_map}
     for reduce_type in REDUCE_TYPES:
         for suffix, lanes in zip(REDUCE_WIDTHS, widths):
-            kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead,
-                                                                      scratch_scope(kind))
+            kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead, kind)
     return kernels
