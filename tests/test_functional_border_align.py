@@ -8,7 +8,7 @@ nn = torch.nn
 
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_trains_alike  # noqa: E402
+from .conftest import assert_trains_alike, torch_devices  # noqa: E402
 
 
 # --- stock PyTorch border align (bilinear gathers, max over the samples), from the math -------
@@ -82,30 +82,32 @@ class BorderBranch(nn.Module):
         return self.head(pooled).mean(-1)  # [N, 3, K]
 
 
-def test_border_branch_trains_the_same_as_stock_pytorch():
+@pytest.mark.parametrize("device", torch_devices())
+def test_border_branch_trains_the_same_as_stock_pytorch(device):
     torch.manual_seed(2)
-    ours = BorderBranch(tf.border_align)
-    theirs = BorderBranch(stock_border_align)
+    ours = BorderBranch(tf.border_align).to(device)
+    theirs = BorderBranch(stock_border_align).to(device)
     theirs.load_state_dict(ours.state_dict())
     N, H, W = 2, 5, 7
     g = torch.Generator().manual_seed(3)
-    image = torch.randn(N, 6, H, W, generator=g)
-    boxes = make_boxes(N, H, W, seed=4, spill=2.0)  # some corners outside the map
-    target = torch.randn(N, 3, H * W, generator=g)
+    image = torch.randn(N, 6, H, W, generator=g).to(device)
+    boxes = make_boxes(N, H, W, seed=4, spill=2.0).to(device)  # some corners outside the map
+    target = torch.randn(N, 3, H * W, generator=g).to(device)
     start = {k: v.clone() for k, v in ours.state_dict().items()}
     assert_trains_alike(ours, theirs, (image, boxes), target, lr=0.3)
     assert not torch.equal(ours.features.weight, start["features.weight"])
 
 
-def test_forward_and_gradient_match_stock_pytorch_in_float16_too():
+@pytest.mark.parametrize("device", torch_devices())
+def test_forward_and_gradient_match_stock_pytorch_in_float16_too(device):
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
         g = torch.Generator().manual_seed(5)
-        x = torch.randn(1, 12, 4, 5, generator=g).to(dtype).requires_grad_(True)
-        boxes = make_boxes(1, 4, 5, seed=6, spill=1.0).to(dtype)
+        x = torch.randn(1, 12, 4, 5, generator=g).to(device, dtype).requires_grad_(True)
+        boxes = make_boxes(1, 4, 5, seed=6, spill=1.0).to(device, dtype)
         out = tf.border_align(x, boxes, 5)
         expected = stock_border_align(x.float(), boxes.float(), 5)
         torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
-        grad = torch.randn(out.shape, generator=g).to(dtype)
+        grad = torch.randn(out.shape, generator=g).to(device, dtype)
         (ours,) = torch.autograd.grad(out, x, grad)
         x32 = x.detach().float().requires_grad_(True)
         (theirs,) = torch.autograd.grad(stock_border_align(x32, boxes.float(), 5), x32, grad.float())

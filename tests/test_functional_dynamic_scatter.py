@@ -11,7 +11,9 @@ nn = torch.nn
 import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_compiles_alike, assert_trains_alike  # noqa: E402
+from .conftest import assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
+
+DEVICES = torch_devices()
 
 
 # --- stock PyTorch dynamic scatter, from the math --------------------------------------------
@@ -59,22 +61,25 @@ class DynamicVoxelEncoder(nn.Module):
         return self.out(torch.cat([voxel_max, voxel_mean], 1))
 
 
-def test_dynamic_voxel_encoder_trains_the_same_as_stock_pytorch():
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_voxel_encoder_trains_the_same_as_stock_pytorch(device):
     torch.manual_seed(1)
-    ours, theirs = DynamicVoxelEncoder(tf.dynamic_scatter), DynamicVoxelEncoder(stock_dynamic_scatter)
+    ours = DynamicVoxelEncoder(tf.dynamic_scatter).to(device)
+    theirs = DynamicVoxelEncoder(stock_dynamic_scatter).to(device)
     theirs.load_state_dict(ours.state_dict())
-    feats, coors = point_cloud()
+    feats, coors = (t.to(device) for t in point_cloud())
     voxels = stock_dynamic_scatter(feats, coors)[0].shape[0]
-    target = torch.randn(voxels, 6, generator=torch.Generator().manual_seed(2))
+    target = torch.randn(voxels, 6, generator=torch.Generator().manual_seed(2)).to(device)
     start = {k: v.clone() for k, v in ours.state_dict().items()}
     assert_trains_alike(ours, theirs, (feats, coors), target, lr=0.2)
     for name, value in ours.state_dict().items():
         assert not torch.equal(value, start[name]), f"{name} did not move"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduce_type", ["max", "sum", "mean"])
-def test_forward_and_gradient_match_stock_pytorch(reduce_type):
-    feats, coors = point_cloud(seed=3, points=500, grid=(4, 9, 7), channels=21)
+def test_forward_and_gradient_match_stock_pytorch(reduce_type, device):
+    feats, coors = (t.to(device) for t in point_cloud(seed=3, points=500, grid=(4, 9, 7), channels=21))
     feats.requires_grad_(True)
     out, voxel_coors = tf.dynamic_scatter(feats, coors, reduce_type)
     f = feats.detach().clone().requires_grad_(True)
@@ -82,7 +87,7 @@ def test_forward_and_gradient_match_stock_pytorch(reduce_type):
     assert voxel_coors.dtype == torch.int32 and torch.equal(voxel_coors, expected_coors)
     exact = reduce_type == "max"  # a sum in point order is not index_add_'s order
     torch.testing.assert_close(out, expected, rtol=0 if exact else 1e-6, atol=0 if exact else 1e-6)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(device)
     (ours,) = torch.autograd.grad(out, feats, grad)
     (theirs,) = torch.autograd.grad(expected, f, grad)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
@@ -109,9 +114,11 @@ def test_opcheck_passes_for_both_ops():
                                reduce_type))
 
 
-def test_encoder_compiles_without_graph_breaks():
+@pytest.mark.parametrize("device", DEVICES)
+def test_encoder_compiles_without_graph_breaks(device):
     torch.manual_seed(7)
-    assert_compiles_alike(DynamicVoxelEncoder(tf.dynamic_scatter), point_cloud(seed=8))
+    inputs = tuple(t.to(device) for t in point_cloud(seed=8))
+    assert_compiles_alike(DynamicVoxelEncoder(tf.dynamic_scatter).to(device), inputs)
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):

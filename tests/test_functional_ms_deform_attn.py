@@ -16,7 +16,7 @@ import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 from tvm_ops import interop  # noqa: E402
 
-from .conftest import assert_close, assert_compiles_alike, assert_trains_alike  # noqa: E402
+from .conftest import assert_close, assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
 
 LEVELS = [[8, 10], [4, 5]]
 
@@ -81,13 +81,14 @@ def twin_layers(seed=1):
     return ours, theirs
 
 
-def test_layer_matches_the_pure_pytorch_core_and_trains_the_same():
-    ours, theirs = twin_layers()
-    inputs = layer_inputs()
-    target = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(7))
+@pytest.mark.parametrize("device", torch_devices())
+def test_layer_matches_the_pure_pytorch_core_and_trains_the_same(device):
+    ours, theirs = (layer.to(device) for layer in twin_layers())
+    inputs = tuple(t.to(device) for t in layer_inputs())
+    target = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(7)).to(device)
     assert_trains_alike(ours, theirs, inputs, target)
     # the training moved the parameters (the comparison above is not of untouched weights)
-    assert not torch.equal(ours.sampling_offsets.weight, twin_layers()[0].sampling_offsets.weight)
+    assert not torch.equal(ours.sampling_offsets.weight.cpu(), twin_layers()[0].sampling_offsets.weight)
 
 
 def tiny_case(dtype=torch.float32, seed=3):

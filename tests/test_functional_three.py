@@ -9,7 +9,9 @@ nn = torch.nn
 
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_compiles_alike, assert_trains_alike  # noqa: E402
+from .conftest import assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
+
+DEVICES = torch_devices()
 
 
 # --- stock PyTorch three_nn / three_interpolate, from the math ----------------------------
@@ -60,20 +62,22 @@ def problem(seed=0, batch=2, dense=45, coarse=11):
             torch.randn(batch, 5, coarse, generator=g), torch.randn(batch, 7, dense, generator=g))
 
 
-def test_feature_propagation_trains_the_same_as_stock_pytorch():
+@pytest.mark.parametrize("device", DEVICES)
+def test_feature_propagation_trains_the_same_as_stock_pytorch(device):
     torch.manual_seed(1)
-    ours = FeaturePropagation(tf.three_nn, tf.three_interpolate)
-    theirs = FeaturePropagation(stock_three_nn, stock_three_interpolate)
+    ours = FeaturePropagation(tf.three_nn, tf.three_interpolate).to(device)
+    theirs = FeaturePropagation(stock_three_nn, stock_three_interpolate).to(device)
     theirs.load_state_dict(ours.state_dict())
-    dense_xyz, coarse_xyz, skip, coarse_in, target = problem()
+    dense_xyz, coarse_xyz, skip, coarse_in, target = (t.to(device) for t in problem())
     start = {k: v.clone() for k, v in ours.state_dict().items()}
     assert_trains_alike(ours, theirs, (dense_xyz, coarse_xyz, skip, coarse_in), target, lr=0.2)
     for name, value in ours.state_dict().items():
         assert not torch.equal(value, start[name]), f"{name} did not move"
 
 
-def test_three_nn_matches_stock_pytorch_and_is_not_differentiable():
-    dense_xyz, coarse_xyz, *_ = problem(seed=2, dense=70, coarse=13)
+@pytest.mark.parametrize("device", DEVICES)
+def test_three_nn_matches_stock_pytorch_and_is_not_differentiable(device):
+    dense_xyz, coarse_xyz = (t.to(device) for t in problem(seed=2, dense=70, coarse=13)[:2])
     dense_xyz.requires_grad_(True)
     dist, idx = tf.three_nn(dense_xyz, coarse_xyz)
     expected_dist, expected_idx = stock_three_nn(dense_xyz.detach(), coarse_xyz)
@@ -86,17 +90,18 @@ def test_three_nn_matches_stock_pytorch_and_is_not_differentiable():
     assert dist16.dtype == torch.float32 and torch.equal(idx16, expected_idx)
 
 
-def test_interpolate_forward_and_gradient_match_stock_pytorch():
+@pytest.mark.parametrize("device", DEVICES)
+def test_interpolate_forward_and_gradient_match_stock_pytorch(device):
     g = torch.Generator().manual_seed(3)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
-        features = torch.randn(2, 9, 14, generator=g).to(dtype).requires_grad_(True)
-        indices = torch.randint(-3, 17, (2, 40, 3), generator=g, dtype=torch.int32)  # some out of range
-        weight = torch.rand(2, 40, 3, generator=g).to(dtype)
+        features = torch.randn(2, 9, 14, generator=g).to(device, dtype).requires_grad_(True)
+        indices = torch.randint(-3, 17, (2, 40, 3), generator=g, dtype=torch.int32).to(device)  # some out of range
+        weight = torch.rand(2, 40, 3, generator=g).to(device, dtype)
         out = tf.three_interpolate(features, indices, weight)
         f32 = features.detach().float().requires_grad_(True)
         expected = stock_three_interpolate(f32, indices, weight.float())
         torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
-        grad = torch.randn(out.shape, generator=g).to(dtype)
+        grad = torch.randn(out.shape, generator=g).to(device, dtype)
         (ours,) = torch.autograd.grad(out, features, grad)
         (theirs,) = torch.autograd.grad(expected, f32, grad.float())
         torch.testing.assert_close(ours.float(), theirs, rtol=tol, atol=tol)
@@ -126,10 +131,11 @@ def test_opcheck_passes_for_the_three_ops():
     torch.library.opcheck(torch.ops.tvm_ops.three_interpolate_backward.default, (torch.randn(1, 4, 20), idx, weight, 6))
 
 
-def test_feature_propagation_compiles_without_graph_breaks():
+@pytest.mark.parametrize("device", DEVICES)
+def test_feature_propagation_compiles_without_graph_breaks(device):
     torch.manual_seed(6)
-    module = FeaturePropagation(tf.three_nn, tf.three_interpolate)
-    inputs = problem(seed=7)
+    module = FeaturePropagation(tf.three_nn, tf.three_interpolate).to(device)
+    inputs = [t.to(device) for t in problem(seed=7)]
     assert_compiles_alike(module, inputs[:-1])
 
 

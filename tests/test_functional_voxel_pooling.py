@@ -12,7 +12,7 @@ F = torch.nn.functional
 import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_compiles_alike, assert_trains_alike  # noqa: E402
+from .conftest import assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
 
 VOXELS = (12, 10, 4)  # X, Y, Z
 
@@ -26,7 +26,7 @@ def stock_pooling(geom_xyz, input_features, voxel_num):
     x, y, z = geom_xyz.reshape(B, -1, 3).long().unbind(-1)
     feat = input_features.reshape(B, -1, C)
     kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
-    b = torch.arange(B).view(B, 1).expand_as(x)
+    b = torch.arange(B, device=x.device).view(B, 1).expand_as(x)
     voxel = ((b * Y + y) * X + x)[kept]
     out = feat.new_zeros(B * Y * X, C).index_add(0, voxel, feat[kept])
     return out.view(B, Y, X, C).permute(0, 3, 1, 2)
@@ -42,13 +42,14 @@ def random_points(shape=(2, 3, 7, 5), channels=11, seed=0):
     return geom, torch.randn(*shape, channels, generator=g)
 
 
-def test_forward_and_gradient_match_the_stock_pooling():
-    geom, feat = random_points()
+@pytest.mark.parametrize("device", torch_devices())
+def test_forward_and_gradient_match_the_stock_pooling(device):
+    geom, feat = (t.to(device) for t in random_points())
     ours_in, stock_in = feat.clone().requires_grad_(True), feat.clone().requires_grad_(True)
     ours, stock = tf.voxel_pooling(geom, ours_in, VOXELS), stock_pooling(geom, stock_in, VOXELS)
     assert ours.shape == (2, 11, VOXELS[1], VOXELS[0]) and ours.dtype == torch.float32
     torch.testing.assert_close(ours, stock, rtol=1e-5, atol=1e-6)
-    grad = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1))
+    grad = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1)).to(device)
     ours.backward(grad)
     stock.backward(grad)
     assert ours_in.grad.shape == feat.shape
@@ -130,20 +131,21 @@ def twin_models(seed=5):
     return ours, stock
 
 
-def test_lift_splat_pool_trains_like_the_stock_pooling():
-    ours, stock = twin_models()
+@pytest.mark.parametrize("device", torch_devices())
+def test_lift_splat_pool_trains_like_the_stock_pooling(device):
+    ours, stock = (model.to(device) for model in twin_models())
     batch = 2
     g = torch.Generator().manual_seed(6)
-    images = torch.randn(batch, C_IN, H, W, generator=g)
+    images = torch.randn(batch, C_IN, H, W, generator=g).to(device)
     geom = frustum_geometry(batch)
     kept = ((geom >= 0) & (geom < torch.tensor(VOXELS, dtype=torch.int32))).all(-1)
     assert 0.3 < kept.float().mean() < 1  # most of the frustum inside the grid, not all
-    target = torch.randn(batch, 1, VOXELS[1], VOXELS[0], generator=g)
-    assert_trains_alike(ours, stock, (images, geom, VOXELS), target)
+    target = torch.randn(batch, 1, VOXELS[1], VOXELS[0], generator=g).to(device)
+    assert_trains_alike(ours, stock, (images, geom.to(device), VOXELS), target)
     # the training moved every parameter (the comparison is not of untouched weights), the
     # depth network's too: its gradient came through the pooling's backward
     for p, p0 in zip(ours.parameters(), twin_models()[0].parameters()):
-        assert not torch.equal(p, p0)
+        assert not torch.equal(p.cpu(), p0)
 
 
 def test_compiles_without_graph_breaks_and_gives_the_eager_numbers():
