@@ -124,3 +124,22 @@ def test_outputs_on_reused_poisoned_blocks_are_right(cache, monkeypatch, op, cas
     assert any(block is not None for block in taken), "no block was reused"
     _, failures = runner.compare(op, dtype, dict(zip([t.name for t in op.spec.outputs], again)), reference)
     assert not failures, failures
+
+
+@pytest.mark.parametrize("kind", ["numpy", pytest.param("torch", marks=requires_torch)])
+def test_workspaces_are_disjoint_line_aligned_views_of_one_block(kind):
+    from tvm_ops import interop
+
+    specs = {"a": ((5,), "int32"), "b": ((3, 7), "int64"), "empty": ((0,), "int32"), "c": ((17,), "float32")}
+    views = interop.carved(kind, "cpu", specs)
+    spans = []
+    for name, (shape, dtype) in specs.items():
+        view = views[name]
+        address = view.ctypes.data if kind == "numpy" else view.data_ptr()
+        nbytes = view.nbytes if kind == "numpy" else view.numel() * view.element_size()
+        assert tuple(view.shape) == shape and str(view.dtype).endswith(dtype), name
+        assert address % host_buffers.LINE_BYTES == 0, name
+        spans.append((address, address + nbytes))
+        view[...] = 7  # every element writable
+    spans.sort()
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no two overlap

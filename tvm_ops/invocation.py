@@ -19,9 +19,9 @@ from . import checks, interop
 from .errors import BadParamError
 
 
-def new_tensors(problem: checks.Problem, specs: dict, zero: bool, line_aligned: bool = False) -> dict:
+def new_tensors(problem: checks.Problem, specs: dict, zero: bool) -> dict:
     """{name: tensor of the caller's kind and device} for {name: (shape, dtype)}."""
-    return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero, line_aligned)
+    return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero)
             for name, (shape, dtype) in specs.items()}
 
 
@@ -79,7 +79,7 @@ class CallPlan:
         for name in self.copied:
             tensors[name] = interop.make_contiguous(inputs[name])
         tensors.update(outputs)
-        tensors.update(new_tensors(problem, self.workspaces, zero=False, line_aligned=True))
+        tensors.update(interop.carved(problem.kind, problem.device, self.workspaces))
         for name in self.zeroed:
             interop.zero(tensors[name])
         if op.spec.counted:  # data-dependent output sizes: count, then allocate the rest
