@@ -131,7 +131,7 @@ def test_workspaces_are_disjoint_line_aligned_views_of_one_block(kind):
     from tvm_ops import interop
 
     specs = {"a": ((5,), "int32"), "b": ((3, 7), "int64"), "empty": ((0,), "int32"), "c": ((17,), "float32")}
-    views = interop.carved(kind, "cpu", specs)
+    views = interop.carved(kind, "cpu", interop.block_layout(specs))
     spans = []
     for name, (shape, dtype) in specs.items():
         view = views[name]

@@ -12,8 +12,9 @@ A pattern is a [R, W] table and G groups in CSR form: group g touches the rows
 index[offsets[g]:offsets[g + 1]]. gather: out[g] = the sum of those rows (a [G, W] write);
 scatter: the table zeroed, then each of those rows += src[g] (a [G, W] read). The groups
 run over the cores; scattered updates to a shared row race between them (wrong sums, the
-fastest the pattern can go: a lower bound on any correct kernel's time). The rows are contiguous in the table,
-the layout most favourable to the accesses, whatever the operator's own layout.
+fastest the pattern can go: a lower bound on any correct kernel's time). The rows are
+contiguous in the table, the layout most favourable to the accesses, whatever the
+operator's own layout.
 """
 
 from __future__ import annotations
@@ -123,8 +124,10 @@ def kernel(model, pattern: AccessPattern, ahead: int):
     import tvm
     from tvm.script import tirx as T
 
+    from .ops.point_vectors import scratch_scope
     from .ops.prefetch import prefetch_words
 
+    scratch = scratch_scope(model.kind)  # the per-group accumulator
     f32 = "float32"
     # whole vector registers, `parts` of them per step (an odd-sized vector, e.g. 80 lanes,
     # compiles to lane shuffles)
@@ -152,7 +155,7 @@ def kernel(model, pattern: AccessPattern, ahead: int):
                             updated[r, step * vector + part * lanes + lane] = T.Cast(dtype, 0)
         for g in T.parallel(G):
             for step in range(W // vector):
-                acc = T.alloc_buffer((vector,), f32)  # a stack alloca (point_vectors.scratch_scope)
+                acc = T.alloc_buffer((vector,), f32, scope=scratch)
                 for part in T.unroll(parts):
                     for lane in T.vectorized(lanes):
                         acc[part * lanes + lane] = T.float32(0)

@@ -119,25 +119,29 @@ def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool
     return host_buffers.empty(shape, dtype, line_aligned)
 
 
-def carved(kind: str, device: str, specs: dict) -> dict:
-    """{name: uninitialised tensor of the caller's kind} for {name: (shape, dtype)}, all views
-    of one new block, each starting on a cache line: one allocation for a call's workspaces
-    instead of one each (a host allocation costs microseconds)."""
-    line_bytes, starts, total = host_buffers.LINE_BYTES, {}, 0
+def block_layout(specs: dict) -> tuple:
+    """(block bytes, ((name, first byte, bytes, shape, dtype), ...)): {name: (shape, dtype)}
+    laid out in one block, each tensor starting on a cache line (for `carved`)."""
+    parts, total = [], 0
     for name, (shape, dtype) in specs.items():
-        starts[name] = total
-        total += -(-math.prod(shape) * np.dtype(dtype).itemsize // line_bytes) * line_bytes
-    block = empty_like_kind(kind, device, (total,), "uint8", zero=False, line_aligned=True)
-    views = {}
-    for name, (shape, dtype) in specs.items():
-        part = block[starts[name]:starts[name] + math.prod(shape) * np.dtype(dtype).itemsize]
-        if kind == "torch":
-            import torch
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        parts.append((name, total, nbytes, shape, dtype))
+        total += -(-nbytes // host_buffers.LINE_BYTES) * host_buffers.LINE_BYTES
+    return total, tuple(parts)
 
-            views[name] = part.view(getattr(torch, dtype)).view(shape)
-        else:
-            views[name] = part.view(dtype).reshape(shape)
-    return views
+
+def carved(kind: str, device: str, layout: tuple) -> dict:
+    """{name: uninitialised tensor of the caller's kind}, views of one new block laid out by
+    block_layout: one allocation for a call's workspaces instead of one each (a host
+    allocation costs microseconds)."""
+    total, parts = layout
+    block = empty_like_kind(kind, device, (total,), "uint8", zero=False, line_aligned=True)
+    if kind == "torch":
+        import torch
+
+        return {name: block[first:first + nbytes].view(getattr(torch, dtype)).view(shape)
+                for name, first, nbytes, shape, dtype in parts}
+    return {name: block[first:first + nbytes].view(dtype).reshape(shape) for name, first, nbytes, shape, dtype in parts}
 
 
 def zero(array) -> None:

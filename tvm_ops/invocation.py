@@ -61,7 +61,7 @@ class CallPlan:
         as_is = op.taken_as_is(problem) if kernels is not None else ()
         self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
         if kernels is not None:  # None: an empty problem, whose outputs are zeros
-            self.workspaces = op.workspaces(problem, kernels.plan)
+            self.workspaces = interop.block_layout(op.workspaces(problem, kernels.plan))
             self.zeroed = op.zeroed(problem, kernels.plan)
 
     def run(self, inputs: dict, out: dict):

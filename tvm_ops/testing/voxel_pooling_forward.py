@@ -99,4 +99,3 @@ def pos_memo_rule(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
 def _kept(geom: np.ndarray, X: int, Y: int, Z: int) -> np.ndarray:
     x, y, z = geom[..., 0], geom[..., 1], geom[..., 2]
     return (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
-

@@ -11,7 +11,8 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  otherwise the rows are sorted column by column, the last first. Both are
                  stable: each voxel's points stay in point order, and no key can overflow.
                  Then one walk marks each voxel's first point (a key or row unlike the
-                 previous one), numbers the voxels and records where each starts. group_rows_d3 / _d4: the same with D fixed.
+                 previous one), numbers the voxels and records where each starts.
+                 group_rows_d3 / _d4: the same with D fixed.
   bitonic (CUDA) bitonic_init + bitonic_step: a bitonic network over the P >= N (a power of
                  two) entries of a point permutation, one launch per step, ordered by
                  (kept before dropped before padding, row, point index): unique keys, so

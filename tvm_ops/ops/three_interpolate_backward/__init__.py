@@ -39,7 +39,6 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
     return KERNELS[0] if channels >= WIDE_SHARE * int(plan["c_tile"]) else KERNELS[1]
 
 
-
 class ThreeInterpolateBackward(Operator):
     name = "three_interpolate_backward"
     kernel_names = KERNELS

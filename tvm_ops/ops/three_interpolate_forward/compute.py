@@ -16,7 +16,7 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..point_vectors import point, vectors
+from ..point_vectors import point, scratch_scope, vectors
 
 KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small")
 
@@ -77,6 +77,7 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     per-lane load into lanes scalar loads and inserts)."""
     f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"
     i32_gather = f"tvm_ops_gather_i32_x{lanes}"
+    scratch = scratch_scope("llvm")
 
     @T.prim_func(s_tir=True)
     def three_interpolate_forward(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -91,9 +92,8 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
                 vt = T.axis.remap("S", [task])
                 T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
                 T.writes(out[0:B, 0:C, 0:N])
-                # stack allocas (a CPU-only kernel: point_vectors.scratch_scope)
-                IDX = T.alloc_buffer((3, lanes), "int32")
-                W = T.alloc_buffer((3, lanes), "float32")
+                IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
+                W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
                 b = T.Bind(vt // T.ceildiv(C, c_tile))
                 c0 = T.Bind(vt % T.ceildiv(C, c_tile) * c_tile)
                 for o in range(T.ceildiv(N, lanes)):
