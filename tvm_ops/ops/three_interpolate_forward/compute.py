@@ -21,13 +21,16 @@ from ..point_vectors import point, scratch_scope, vectors
 KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small")
 
 
-def _term(features, indices, weights, b, c, n, k, M):
-    """weights[b, n, k] * features[b, c, indices[b, n, k]] in float32, 0 for an index outside
-    [0, M): a Select, so a NaN / inf weight at such an index is dropped too (the backward's
-    rule); the load's index is clamped into the row, so it never leaves `features`."""
-    i = indices[b, n, k]
-    value = T.Cast("float32", weights[b, n, k]) * T.Cast("float32", features[b, c, T.max(T.min(i, M - 1), 0)])
-    return T.Select(tirx.all(i >= 0, i < M), value, tirx.const(0, "float32"))
+def _clamped(i, M):
+    """Index i clamped into a row of M features: a load through it never leaves the row."""
+    return T.max(T.min(i, M - 1), 0)
+
+
+def _term(i, w, f, M):
+    """w * f in float32 for the feature f loaded through _clamped(i), 0 for an index outside
+    [0, M): a Select, so a NaN / inf weight or feature at such an index is dropped too (the
+    backward's rule)."""
+    return T.Select(tirx.all(i >= 0, i < M), T.Cast("float32", w) * T.Cast("float32", f), tirx.const(0, "float32"))
 
 
 def forward_compute(dtype: str, lanes: int):
@@ -48,9 +51,14 @@ def forward_compute(dtype: str, lanes: int):
                 T.reads(features[vb, vc, 0:M], indices[vb, 0:N, 0:3], weights[vb, 0:N, 0:3])
                 T.writes(out[vb, vc, 0:N])
                 n = T.meta_var(point(N, lanes, vo, vv))
-                out[vb, vc, n] = T.Cast(dtype, _term(features, indices, weights, vb, vc, n, 0, M)
-                                        + _term(features, indices, weights, vb, vc, n, 1, M)
-                                        + _term(features, indices, weights, vb, vc, n, 2, M))
+                # every load first, none behind a condition (a Select over loads compiles to
+                # branches, which issue them one after another): the three indices and weights
+                # are independent loads, the features wait only for their index
+                i0, i1, i2 = T.Bind(indices[vb, n, 0]), T.Bind(indices[vb, n, 1]), T.Bind(indices[vb, n, 2])
+                w0, w1, w2 = T.Bind(weights[vb, n, 0]), T.Bind(weights[vb, n, 1]), T.Bind(weights[vb, n, 2])
+                f0, f1, f2 = (T.Bind(features[vb, vc, _clamped(i0, M)]), T.Bind(features[vb, vc, _clamped(i1, M)]),
+                              T.Bind(features[vb, vc, _clamped(i2, M)]))
+                out[vb, vc, n] = T.Cast(dtype, _term(i0, w0, f0, M) + _term(i1, w1, f1, M) + _term(i2, w2, f2, M))
 
     return three_interpolate_forward
 
