@@ -143,3 +143,14 @@ def test_workspaces_are_disjoint_line_aligned_views_of_one_block(kind):
         view[...] = 7  # every element writable
     spans.sort()
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no two overlap
+
+
+def test_no_workspace_allocates_nothing(monkeypatch):
+    """An operator without workspaces gets an empty dict of views and no block allocated."""
+    from tvm_ops import interop
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a block was allocated for no workspace")
+
+    monkeypatch.setattr(interop, "empty_like_kind", refuse)
+    assert interop.carved("numpy", "cpu", interop.block_layout({})) == {}
