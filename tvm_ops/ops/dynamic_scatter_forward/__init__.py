@@ -37,7 +37,7 @@ class DynamicScatterForward(Operator):
         """The seed's split of points (grouping) and voxels (filling) over the cores is the
         CPU's parallel loops and the CUDA grid; the plan sizes the reduce's channel vector
         (whole SIMD registers) and names the grouping plan."""
-        plan = {"sort": knobs["sort"], "chunk": CHUNK}
+        plan = {"sort": knobs["sort"], "chunk": CHUNK, "tile": int(knobs["tile"])}
         if model.kind == "cuda":
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
             return dict(plan, threads=int(knobs["threads"]))
@@ -45,10 +45,11 @@ class DynamicScatterForward(Operator):
                     prefetch_points=int(knobs["prefetch_points"]))
 
     def computes(self, dtype, plan, model):
+        group = group_computes(model.kind, int(plan["tile"]))
         if model.kind == "cuda":  # a thread per channel: every width is 1
-            return {**group_computes(model.kind), **fill_computes(dtype, (1, 1, 1), 0, model.kind)}
+            return {**group, **fill_computes(dtype, (1, 1, 1), 0, model.kind)}
         widths = (int(plan["vector"]), int(plan["lanes"]), 1)
-        return {**group_computes(model.kind), **fill_computes(dtype, widths, int(plan["prefetch_points"]), model.kind)}
+        return {**group, **fill_computes(dtype, widths, int(plan["prefetch_points"]), model.kind)}
 
     def workspaces(self, problem, plan):
         n = problem.sizes["N"]
@@ -88,13 +89,26 @@ class DynamicScatterForward(Operator):
     @staticmethod
     def _bitonic_sort(kernels, tensors):
         """The network's steps, ping-ponging between order and scratch; leaves the sorted
-        permutation in tensors["order"]."""
+        permutation in tensors["order"]. The steps with j < tile run inside tiles (one launch
+        sorts every tile; one per later stage k finishes it there), the others one launch each:
+        log2(P / tile) (log2(P / tile) + 1) / 2 + 1 + log2(P / tile) launches instead of
+        log2(P) (log2(P) + 1) / 2 (21 instead of 120 at P = 32768, tile 1024)."""
         src, dst = tensors["order"], tensors["scratch"]
         kernels["bitonic_init"](src)
-        padded, k = src.shape[0], 2
+        padded, tile, k = src.shape[0], int(kernels.plan["tile"]), 2
+        tile_bits = tile.bit_length() - 1
+        if padded >= tile:  # every stage k <= tile inside the tiles
+            kernels["bitonic_tile"](tensors["coors"], src, dst, 1, tile_bits)
+            src, dst = dst, src
+            k = 2 * tile
         while k <= padded:
             j = k // 2
             while j >= 1:
+                if j < tile <= padded:  # the stage's remaining steps inside the tiles
+                    stage_bits = k.bit_length() - 1
+                    kernels["bitonic_tile"](tensors["coors"], src, dst, stage_bits, stage_bits)
+                    src, dst = dst, src
+                    break
                 kernels["bitonic_step"](tensors["coors"], src, dst, k, j)
                 src, dst = dst, src
                 j //= 2

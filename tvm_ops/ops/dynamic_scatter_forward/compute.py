@@ -13,10 +13,14 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  Then one walk marks each voxel's first point (a key or row unlike the
                  previous one), numbers the voxels and records where each starts.
                  group_rows_d3 / _d4: the same with D fixed.
-  bitonic (CUDA) bitonic_init + bitonic_step: a bitonic network over the P >= N (a power of
-                 two) entries of a point permutation, one launch per step, ordered by
-                 (kept before dropped before padding, row, point index): unique keys, so
-                 the result is the stable order above. head_flags marks voxel starts;
+  bitonic (CUDA) bitonic_init + a bitonic network over the P >= N (a power of two)
+                 entries of a point permutation, ordered by (kept before dropped before
+                 padding, row, point index): unique keys, so the result is the stable order
+                 above. The steps (k, j) with j < tile stay inside tiles of `tile` entries:
+                 bitonic_tile runs those of a range of stages k in one launch (a CUDA
+                 block per tile, the tile in shared memory, a thread per entry): every
+                 stage k <= tile at first, then the j < tile steps of each later stage;
+                 bitonic_step is one global step (j >= tile), a launch each. head_flags marks voxel starts;
                  chunk_totals, chunk_offsets and chunk_scan number the voxels (an inclusive
                  scan in chunks of `chunk`); segment_starts records where each starts
                  and the voxel count.
@@ -60,8 +64,8 @@ KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index 
 # faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
 FIXED_COLUMNS = (3, 4)
 GROUP_KERNELS = {"radix": ("group_rows",) + tuple(f"group_rows_d{d}" for d in FIXED_COLUMNS),
-                 "bitonic": ("bitonic_init", "bitonic_step", "head_flags", "chunk_totals", "chunk_offsets",
-                             "chunk_scan", "segment_starts")}
+                 "bitonic": ("bitonic_init", "bitonic_step", "bitonic_tile", "head_flags",
+                             "chunk_totals", "chunk_offsets", "chunk_scan", "segment_starts")}
 REDUCE_TYPES = ("max", "sum", "mean")
 REDUCE_WIDTHS = ("", "_lanes", "_small")  # channel vectors of the plan's width, the target's lanes, one
 FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}{w}" for r in REDUCE_TYPES for w in REDUCE_WIDTHS)
@@ -121,17 +125,73 @@ def _key_pass(key_hist, src, dst, kept, pass_, index_bits):
         key_hist[slot_of] = slot + 1
 
 
+@T.macro(hygienic=False)
+def _network_order_into(rank, flag, before, coors, N, D, a, b):
+    """before[0] < 0 if entry a sorts before entry b: (kept, dropped, padding) first, then
+    the row, then the point index (rank[0], rank[1]: 0 kept, 1 dropped, 2 padding)."""
+    rank[0] = 2
+    rank[1] = 2
+    if a < N:
+        _dropped_into(flag, coors, a, D)
+        rank[0] = flag[0]
+    if b < N:
+        _dropped_into(flag, coors, b, D)
+        rank[1] = flag[0]
+    before[0] = rank[0] - rank[1]
+    if before[0] == 0 and rank[0] == 0:
+        for d in range(D):
+            if before[0] == 0:
+                before[0] = T.Select(coors[a, d] < coors[b, d], -1, T.Select(coors[a, d] > coors[b, d], 1, 0))
+    if before[0] == 0:
+        before[0] = T.Select(a < b, -1, 1)
+
+
+@T.macro(hygienic=False)
+def _network_store(dst, slot, rank, flag, before, coors, N, D, vi, a, b, k, j):
+    """dst[slot] = the entry network slot vi keeps after step (k, j): a (its own) or b (its
+    partner's, slot vi ^ j). The lower slot of an ascending pair (and the upper of a
+    descending) keeps the smaller entry; the top stage (k = P) sorts ascending. Booleans
+    are compared as int32 (LLVM codegen cannot compare i1 values)."""
+    _network_order_into(rank, flag, before, coors, N, D, a, b)
+    lower = T.meta_var(T.Select(T.bitwise_and(vi, j) == 0, 1, 0))
+    ascending = T.meta_var(T.Select(T.bitwise_and(vi, k) == 0, 1, 0))
+    smaller_here = T.meta_var(T.Select(lower == ascending, 1, 0))
+    dst[slot] = T.Select(T.Select(before[0] < 0, 1, 0) == smaller_here, a, b)
+
+
+@T.macro(hygienic=False)
+def _tile_step(buf, t, k, j, parity, lanes, scope):
+    """Step (k, j < tile) of the network on tile t, held in buf: from half `parity` into the
+    other, a lane (`lanes`: the loop over them) per slot, its state in `scope`."""
+    for i in lanes(tile):
+        with T.sblock("tile_step"):
+            T.reads(coors[0:N, 0:D], buf[0:2 * tile])
+            T.writes(buf[0:2 * tile])
+            rank = T.alloc_buffer((2,), "int32", scope=scope)
+            flag = T.alloc_buffer((1,), "int32", scope=scope)
+            before = T.alloc_buffer((1,), "int32", scope=scope)
+            a = T.Bind(buf[parity * tile + i])
+            b = T.Bind(buf[parity * tile + T.bitwise_xor(i, j)])
+            _network_store(buf, (1 - parity) * tile + i, rank, flag, before, coors, N, D, t * tile + i, a, b, k, j)
+
+
 def _with_columns(func, columns: int):
     """`func` (whose first parameter is coors [N, D]) specialised to D = columns."""
     coors = func.params[0]
     return func.specialize({coors: tirx.decl_buffer((tirx.Var("N", "int32"), columns), "int32", "coors")})
 
 
-def group_computes(kind: str) -> dict:
+def group_computes(kind: str, tile: int) -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
     symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan).
-    `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers."""
+    `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers; `tile`:
+    the entries (a power of two) the bitonic_tile_* kernels sort in one CUDA block's shared
+    memory, a lane (thread) per entry (on the CPU a loop, a tile at a time)."""
     small = scratch_scope(kind)
+    shared = "shared" if kind == "cuda" else "global"
+    tile_loop = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if kind == "cuda" else T.serial
+    lane_loop = (lambda n: T.thread_binding(n, thread="threadIdx.x")) if kind == "cuda" else T.serial
+    tile_bits = tile.bit_length() - 1
 
     @T.prim_func(s_tir=True)
     def group_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle, keys_h: T.handle,
@@ -290,35 +350,35 @@ def group_computes(kind: str) -> dict:
                 vi = T.axis.remap("S", [i])
                 T.reads(coors[0:N, 0:D], src[0:P])
                 T.writes(dst[vi])
-                # rank[0], rank[1]: 0 kept, 1 dropped, 2 padding; order[0] < 0: a before b
                 rank = T.alloc_buffer((2,), "int32", scope=small)
                 flag = T.alloc_buffer((1,), "int32", scope=small)
-                order = T.alloc_buffer((1,), "int32", scope=small)
-                a = T.Bind(src[vi])
-                b = T.Bind(src[T.bitwise_xor(vi, j)])
-                rank[0] = 2
-                rank[1] = 2
-                if a < N:
-                    _dropped_into(flag, coors, a, D)
-                    rank[0] = flag[0]
-                if b < N:
-                    _dropped_into(flag, coors, b, D)
-                    rank[1] = flag[0]
-                order[0] = rank[0] - rank[1]
-                if order[0] == 0 and rank[0] == 0:
-                    for d in range(D):
-                        if order[0] == 0:
-                            order[0] = T.Select(coors[a, d] < coors[b, d], -1,
-                                                T.Select(coors[a, d] > coors[b, d], 1, 0))
-                if order[0] == 0:
-                    order[0] = T.Select(a < b, -1, 1)
-                # the lower slot of an ascending pair (and the upper of a descending) keeps
-                # the smaller entry; the top step (k = P) sorts ascending
-                # (booleans compared as int32: LLVM codegen cannot compare i1 values)
-                lower = T.meta_var(T.Select(T.bitwise_and(vi, j) == 0, 1, 0))
-                ascending = T.meta_var(T.Select(T.bitwise_and(vi, k) == 0, 1, 0))
-                smaller_here = T.meta_var(T.Select(lower == ascending, 1, 0))
-                dst[vi] = T.Select(T.Select(order[0] < 0, 1, 0) == smaller_here, a, b)
+                before = T.alloc_buffer((1,), "int32", scope=small)
+                _network_store(dst, vi, rank, flag, before, coors, N, D, vi, src[vi], src[T.bitwise_xor(vi, j)], k, j)
+
+    @T.prim_func(s_tir=True)
+    def bitonic_tile(coors_h: T.handle, src_h: T.handle, dst_h: T.handle, first: T.int32, last: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        N, D, P = T.int32(), T.int32(), T.int32()
+        coors = T.match_buffer(coors_h, (N, D), "int32")
+        src = T.match_buffer(src_h, (P,), "int32")
+        dst = T.match_buffer(dst_h, (P,), "int32")
+        for t in tile_loop(P // tile):
+            with T.sblock("tile"):
+                T.reads(coors[0:N, 0:D], src[0:P])
+                T.writes(dst[0:P])
+                buf = T.alloc_buffer((2 * tile,), "int32", scope=shared)  # two halves in turn
+                steps = T.alloc_buffer((1,), "int32", scope=small)
+                for i in lane_loop(tile):
+                    buf[i] = src[t * tile + i]
+                # the steps (k, j < tile) of the stages k = 2^first .. 2^last, in order
+                steps[0] = 0
+                for kb in range(first, last + 1):
+                    for jr in range(T.min(kb, tile_bits)):
+                        _tile_step(buf, t, T.shift_left(1, kb), T.shift_left(1, T.min(kb, tile_bits) - 1 - jr),
+                                   T.truncmod(steps[0], 2), lane_loop, small)
+                        steps[0] = steps[0] + 1
+                for i in lane_loop(tile):
+                    dst[t * tile + i] = buf[T.truncmod(steps[0], 2) * tile + i]
 
     @T.prim_func(s_tir=True)
     def head_flags(coors_h: T.handle, order_h: T.handle, flags_h: T.handle):
@@ -427,7 +487,7 @@ def group_computes(kind: str) -> dict:
 
     fixed = {f"group_rows_d{d}": _with_columns(group_rows, d) for d in FIXED_COLUMNS}
     return {"group_rows": group_rows, **fixed, "bitonic_init": bitonic_init,
-            "bitonic_step": bitonic_step, "head_flags": head_flags, "chunk_totals": chunk_totals,
+            "bitonic_step": bitonic_step, "bitonic_tile": bitonic_tile, "head_flags": head_flags, "chunk_totals": chunk_totals,
             "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
 
 

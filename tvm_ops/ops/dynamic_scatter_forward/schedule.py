@@ -2,8 +2,9 @@
 
 The serial kernels (group_rows, chunk_offsets) run as written: one task on the CPU, one
 thread on CUDA (where group_rows is never launched: the CUDA plan groups by the bitonic
-network). Every other kernel is a loop of independent blocks: CPU tasks over the
-cores, CUDA threads.
+network). The bitonic tile kernel binds its own loops in the compute (a CUDA block per
+tile, a thread per entry, shared memory between the steps; plain loops on the CPU). Every
+other kernel is a loop of independent blocks: CPU tasks over the cores, CUDA threads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from .compute import KERNELS
 SERIAL = {"group_rows": "group", "group_rows_d3": "group", "group_rows_d4": "group", "chunk_offsets": "offsets"}
 ELEMENTWISE = {"bitonic_init": "init", "bitonic_step": "step", "head_flags": "heads", "chunk_totals": "totals",
                "chunk_scan": "scan", "segment_starts": "starts", "voxel_rows": "rows", "point_map": "map"}
+# the tile kernel binds its own loops (CUDA blocks and threads, CPU loops in the compute)
+BOUND = {"bitonic_tile"}
 # point_map's writes land at random points of the map: split over the CPU's cores, both
 # write the same cache lines, which then move between the cores (3x slower than one core)
 CPU_SERIAL = {"point_map"}
@@ -27,7 +30,7 @@ def llvm(sch, kernel, model, plan):
     compute (vectorised there), each task a voxel: its points' rows gathered in point order."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    if kernel in SERIAL or kernel in CPU_SERIAL:
+    if kernel in SERIAL or kernel in CPU_SERIAL or kernel in BOUND:
         return
     name = ELEMENTWISE.get(kernel) or _reduce_block(kernel)
     loops = sch.get_loops(sch.get_sblock(name))
@@ -41,6 +44,8 @@ def cuda(sch, kernel, model, plan):
     if kernel not in KERNELS:
         raise KeyError(kernel)
     threads = int(plan["threads"])
+    if kernel in BOUND:
+        return
     if kernel in SERIAL:
         (unit,) = sch.get_loops(sch.get_sblock(SERIAL[kernel]))
         sch.bind(unit, "threadIdx.x")
