@@ -18,13 +18,13 @@ TESTING = material(OP)
 NAMES = ("voxel_feats", "voxel_coors", "point2voxel_map", "voxel_points_count")
 
 
-@pytest.fixture(params=["radix", "bitonic"])
+@pytest.fixture(params=[{"sort": "radix"}, {"sort": "bitonic", "tile": 64}], ids=["radix", "bitonic"])
 def grouping(request, monkeypatch):
     """Each grouping plan on the CPU: radix (the CPU's), bitonic (the CUDA plan's kernels,
     in tiles of 64 entries: from 33 points on, the tile sort, the global steps and the tile
     merges all run)."""
-    use_knobs(monkeypatch, OP, {"sort": request.param} if request.param == "radix" else {"sort": "bitonic", "tile": 64})
-    yield request.param
+    use_knobs(monkeypatch, OP, request.param)
+    yield request.param["sort"]
     OP.clear_call_cache()
 
 

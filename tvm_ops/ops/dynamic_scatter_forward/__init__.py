@@ -96,22 +96,21 @@ class DynamicScatterForward(Operator):
         src, dst = tensors["order"], tensors["scratch"]
         kernels["bitonic_init"](src)
         padded, tile, k = src.shape[0], int(kernels.plan["tile"]), 2
-        tile_bits = tile.bit_length() - 1
-        if padded >= tile:  # every stage k <= tile inside the tiles
-            kernels["bitonic_tile"](tensors["coors"], src, dst, 1, tile_bits)
+        tiled = padded >= tile
+        if tiled:  # every stage k <= tile inside the tiles
+            kernels["bitonic_tile"](tensors["coors"], src, dst, 1, tile.bit_length() - 1)
             src, dst = dst, src
             k = 2 * tile
         while k <= padded:
             j = k // 2
-            while j >= 1:
-                if j < tile <= padded:  # the stage's remaining steps inside the tiles
-                    stage_bits = k.bit_length() - 1
-                    kernels["bitonic_tile"](tensors["coors"], src, dst, stage_bits, stage_bits)
-                    src, dst = dst, src
-                    break
+            while j >= (tile if tiled else 1):
                 kernels["bitonic_step"](tensors["coors"], src, dst, k, j)
                 src, dst = dst, src
                 j //= 2
+            if tiled:  # the stage's steps with j < tile inside the tiles
+                stage_bits = k.bit_length() - 1
+                kernels["bitonic_tile"](tensors["coors"], src, dst, stage_bits, stage_bits)
+                src, dst = dst, src
             k *= 2
         tensors["order"], tensors["scratch"] = src, dst
 

@@ -20,8 +20,8 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  bitonic_tile runs those of a range of stages k in one launch (a CUDA
                  block per tile, the tile in shared memory, a thread per entry): every
                  stage k <= tile at first, then the j < tile steps of each later stage;
-                 bitonic_step is one global step (j >= tile), a launch each. head_flags marks voxel starts;
-                 chunk_totals, chunk_offsets and chunk_scan number the voxels (an inclusive
+                 bitonic_step is one global step (j >= tile), a launch each. head_flags
+                 marks voxel starts; chunk_totals, chunk_offsets and chunk_scan number the voxels (an inclusive
                  scan in chunks of `chunk`); segment_starts records where each starts
                  and the voxel count.
 Both leave order[0:N] (sorted point indices), start[0:M+1] (voxel v's points are
@@ -147,11 +147,15 @@ def _network_order_into(rank, flag, before, coors, N, D, a, b):
 
 
 @T.macro(hygienic=False)
-def _network_store(dst, slot, rank, flag, before, coors, N, D, vi, a, b, k, j):
+def _network_store(dst, slot, coors, N, D, vi, a, b, k, j, scope):
     """dst[slot] = the entry network slot vi keeps after step (k, j): a (its own) or b (its
     partner's, slot vi ^ j). The lower slot of an ascending pair (and the upper of a
     descending) keeps the smaller entry; the top stage (k = P) sorts ascending. Booleans
-    are compared as int32 (LLVM codegen cannot compare i1 values)."""
+    are compared as int32 (LLVM codegen cannot compare i1 values). Its state: buffers of
+    the enclosing block in `scope`."""
+    rank = T.alloc_buffer((2,), "int32", scope=scope)
+    flag = T.alloc_buffer((1,), "int32", scope=scope)
+    before = T.alloc_buffer((1,), "int32", scope=scope)
     _network_order_into(rank, flag, before, coors, N, D, a, b)
     lower = T.meta_var(T.Select(T.bitwise_and(vi, j) == 0, 1, 0))
     ascending = T.meta_var(T.Select(T.bitwise_and(vi, k) == 0, 1, 0))
@@ -167,12 +171,9 @@ def _tile_step(buf, t, k, j, parity, lanes, scope):
         with T.sblock("tile_step"):
             T.reads(coors[0:N, 0:D], buf[0:2 * tile])
             T.writes(buf[0:2 * tile])
-            rank = T.alloc_buffer((2,), "int32", scope=scope)
-            flag = T.alloc_buffer((1,), "int32", scope=scope)
-            before = T.alloc_buffer((1,), "int32", scope=scope)
             a = T.Bind(buf[parity * tile + i])
             b = T.Bind(buf[parity * tile + T.bitwise_xor(i, j)])
-            _network_store(buf, (1 - parity) * tile + i, rank, flag, before, coors, N, D, t * tile + i, a, b, k, j)
+            _network_store(buf, (1 - parity) * tile + i, coors, N, D, t * tile + i, a, b, k, j, scope)
 
 
 def _with_columns(func, columns: int):
@@ -185,8 +186,7 @@ def group_computes(kind: str, tile: int) -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
     symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan).
     `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers; `tile`:
-    the entries (a power of two) the bitonic_tile_* kernels sort in one CUDA block's shared
-    memory, a lane (thread) per entry (on the CPU a loop, a tile at a time)."""
+    the entries (a power of two) bitonic_tile sorts in one CUDA block's shared memory, a lane (thread) per entry (on the CPU a loop, a tile at a time)."""
     small = scratch_scope(kind)
     shared = "shared" if kind == "cuda" else "global"
     tile_loop = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if kind == "cuda" else T.serial
@@ -350,10 +350,7 @@ def group_computes(kind: str, tile: int) -> dict:
                 vi = T.axis.remap("S", [i])
                 T.reads(coors[0:N, 0:D], src[0:P])
                 T.writes(dst[vi])
-                rank = T.alloc_buffer((2,), "int32", scope=small)
-                flag = T.alloc_buffer((1,), "int32", scope=small)
-                before = T.alloc_buffer((1,), "int32", scope=small)
-                _network_store(dst, vi, rank, flag, before, coors, N, D, vi, src[vi], src[T.bitwise_xor(vi, j)], k, j)
+                _network_store(dst, vi, coors, N, D, vi, src[vi], src[T.bitwise_xor(vi, j)], k, j, small)
 
     @T.prim_func(s_tir=True)
     def bitonic_tile(coors_h: T.handle, src_h: T.handle, dst_h: T.handle, first: T.int32, last: T.int32):
@@ -487,8 +484,8 @@ def group_computes(kind: str, tile: int) -> dict:
 
     fixed = {f"group_rows_d{d}": _with_columns(group_rows, d) for d in FIXED_COLUMNS}
     return {"group_rows": group_rows, **fixed, "bitonic_init": bitonic_init,
-            "bitonic_step": bitonic_step, "bitonic_tile": bitonic_tile, "head_flags": head_flags, "chunk_totals": chunk_totals,
-            "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
+            "bitonic_step": bitonic_step, "bitonic_tile": bitonic_tile, "head_flags": head_flags,
+            "chunk_totals": chunk_totals, "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
 
 
 def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: str):

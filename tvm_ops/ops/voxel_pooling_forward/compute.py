@@ -40,9 +40,10 @@ def _pool_bands(dtype: str, V: int):
     It zero-fills its rows, then walks every point of its batch in order and adds the kept
     points whose y falls in its band: channels [0, C // V * V) in V-wide vectors, then the
     C % V tail. Every voxel is summed from zero in point order whatever R is, so R (and the
-    thread count) never changes the bits; a band reads the coordinates of all its batch's points but only its own points'
-    feature rows. (Writing pos_memo in the same walk, each owner its 1/R of the points, was
-    slower than its own kernel: docs/kernels/voxel_pooling_forward.md.)"""
+    thread count) never changes the bits; a band reads the coordinates of all its batch's
+    points but only its own points' feature rows. (Writing pos_memo in the same walk, each
+    owner its 1/R of the points, was slower than its own kernel:
+    docs/kernels/voxel_pooling_forward.md.)"""
     zero = tvm.tirx.const(0, dtype)
 
     @T.prim_func(s_tir=True)
