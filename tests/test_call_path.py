@@ -165,10 +165,11 @@ def test_no_device_to_host_copy_in_a_repeated_cuda_call():
             torch.cuda.set_sync_debug_mode("default")
 
 
-def test_the_overhead_bench_reports_every_call_kind():
+@pytest.mark.parametrize("name", NAMES)
+def test_the_overhead_bench_reports_every_call_kind(name):
     from tvm_ops import overhead
 
-    line = overhead.overhead(get("three_interpolate_backward"), calls=20, blocks=2, peer=False)
+    line = overhead.overhead(get(name), calls=20, blocks=2, peer=False)
     assert line.kernels_us > 0 and set(line.calls_us) == set(line.host_us)
     assert {"numpy out=", "numpy"} <= set(line.calls_us)
     assert all(0 < line.host_us[k] for k in line.calls_us)
