@@ -2,6 +2,7 @@
 a bounded and thread-safe cache, and no host synchronisation on CUDA."""
 
 import concurrent.futures as cf
+import os
 
 import numpy as np
 import pytest
@@ -138,6 +139,30 @@ def test_torch_tensors_take_the_same_path():
     tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
     for _ in range(3):
         np.testing.assert_array_equal(op.call(tensors, params, "llvm", {}).numpy(), expected)
+
+
+@requires_torch
+def test_a_torch_call_on_the_cpu_has_tvms_workers_sleep_between_kernels(monkeypatch):
+    """torch callers' kernels take turns with torch's own parallel ops: TVM's workers must not
+    spin between kernels there (targets.sleep_workers_between_kernels); numpy callers keep
+    TVM's spinning workers, and a value the caller set wins."""
+    import torch
+
+    from tvm_ops import targets
+
+    op = get("three_interpolate_backward")
+    inputs, params = generated(op, first_ok(op))
+    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    monkeypatch.delenv(targets.SPIN_ENV, raising=False)
+    op.clear_call_cache()
+    op.call(inputs, params, "llvm", {})
+    assert targets.SPIN_ENV not in os.environ
+    op.call(tensors, params, "llvm", {})
+    assert os.environ[targets.SPIN_ENV] == "0"
+    monkeypatch.setenv(targets.SPIN_ENV, "1000")
+    op.clear_call_cache()
+    op.call(tensors, params, "llvm", {})
+    assert os.environ[targets.SPIN_ENV] == "1000"
 
 
 @requires_torch

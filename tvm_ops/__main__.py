@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,10 @@ def cmd_test(args) -> int:
 def cmd_bench(args) -> int:
     from . import bench, targets
 
+    # TVM's workers spin between kernels, as for callers with numpy arrays, or sleep between
+    # them, as for torch tensors (targets.sleep_workers_between_kernels): the torch functions
+    # take turns with torch's own ops. Set before the first kernel (the stream) starts the pool.
+    os.environ.setdefault(targets.SPIN_ENV, "0" if args.functions else str(targets.TVM_DEFAULT_SPIN))
     model = targets.resolve(args.target)
     targets.require_measurable(model)
     if args.overhead:

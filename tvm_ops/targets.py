@@ -123,6 +123,26 @@ def _read_vector_bytes() -> int:
     return 16
 
 
+# TVM's thread pool: its workers spin this many sched_yield calls between kernels before they
+# sleep (TVM's default, runtime/thread_pool.cc), unless the environment says otherwise
+SPIN_ENV = "TVM_THREAD_POOL_SPIN_COUNT"
+TVM_DEFAULT_SPIN = 300000
+
+
+def sleep_workers_between_kernels() -> None:
+    """Have TVM's CPU workers sleep between kernels (unless the environment already says how
+    long they spin); TVM reads this once, when its first parallel kernel runs, so it takes
+    effect only before that.
+
+    For callers that pass torch tensors: after each parallel torch op PyTorch's OpenMP
+    workers spin too, and where torch ops and these kernels take turns on the same cores,
+    each pool's spinning workers hold the cores the other's need, a scheduler time slice
+    at a time (a voxel_pooling training step on 2 cores: 7.9 ms instead of 2.4;
+    docs/performance.md). A sleeping worker's wake-up costs a call tens of microseconds
+    on a small case, so callers with numpy arrays keep TVM's spinning workers."""
+    os.environ.setdefault(SPIN_ENV, "0")
+
+
 def _worker_count() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))

@@ -109,6 +109,8 @@ class Operator:
         if problem.empty:
             return CallPlan(self, problem, None)
         targets.require_runnable(model)
+        if problem.kind == "torch" and model.kind == "llvm":  # kernels taking turns with torch's ops
+            targets.sleep_workers_between_kernels()
         return CallPlan(self, problem, dispatch.kernels(self, problem.dtype, model,
                                                         records.problem_class(self.spec, problem)))
 
