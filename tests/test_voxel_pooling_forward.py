@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import tvm_ops
 from tvm_ops import build, metrics, runner, targets
-from tvm_ops.ops.voxel_pooling_forward import OP, row_bands
+from tvm_ops.ops.voxel_pooling_forward import OP, first_touch, row_bands
 from tvm_ops.testing import voxel_pooling_forward as TESTING
 
 from . import conftest
@@ -21,11 +21,13 @@ from .conftest import requires_torch
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 ALGORITHMS = OP.schedules["llvm"].candidates["algorithm"]  # owner, sort
-# the CPU paths: owner with R bands of output rows per batch, and sort. Fixed R, not auto, so
-# every split runs whatever the machine's core count.
-KERNEL_SETS = {"owner-R1": {"algorithm": "owner", "row_bands": 1},
-               "owner-R2": {"algorithm": "owner", "row_bands": 2},
-               "owner-R4": {"algorithm": "owner", "row_bands": 4},
+# the CPU paths: owner with R bands of output rows per batch, zero-filled first or at first
+# touch, and sort. Fixed R and zero fill, not auto, so every split and both band kernels run
+# whatever the machine's core count and the case's points per row.
+KERNEL_SETS = {"owner-R1": {"algorithm": "owner", "row_bands": 1, "zero_fill": "upfront"},
+               "owner-R2": {"algorithm": "owner", "row_bands": 2, "zero_fill": "upfront"},
+               "owner-R1-first-touch": {"algorithm": "owner", "row_bands": 1, "zero_fill": "first_touch"},
+               "owner-R4-first-touch": {"algorithm": "owner", "row_bands": 4, "zero_fill": "first_touch"},
                "sort": {"algorithm": "sort", "row_bands": 1}}
 
 
@@ -71,7 +73,7 @@ def test_every_kernel_set_gives_the_same_bits(monkeypatch):
         out, memo = tvm_ops.voxel_pooling_forward(geom, feat, 9, 7, 2)
         check(geom, feat, 9, 7, 2, (out, memo))
         results.append(out.tobytes() + memo.tobytes())
-    assert len(results) == 4 and all(r == results[0] for r in results)
+    assert len(results) == len(KERNEL_SETS) and all(r == results[0] for r in results)
     assert np.array_equal(np.frombuffer(results[0][:out.nbytes], np.float32).reshape(out.shape),
                           in_point_order(geom, feat, 9, 7, 2))
 
@@ -88,17 +90,52 @@ def in_point_order(geom, feat, X, Y, Z):
     return out
 
 
+@pytest.mark.parametrize("zero_fill", ["upfront", "first_touch"])
 @pytest.mark.parametrize("R, Y", [(2, 7), (4, 7), (4, 3), (3, 2)])  # 4 bands of 7 rows: the last holds 1; of 3: empty
-def test_row_bands_cover_every_row_once(monkeypatch, R, Y):
+def test_row_bands_cover_every_row_once(monkeypatch, R, Y, zero_fill):
     """Bands of ceil(Y / R) rows, the last short or empty: every output row written (over
-    garbage) by exactly its band, the sums those of point order."""
-    use_knobs(monkeypatch, {"algorithm": "owner", "row_bands": R})
-    geom, feat = inputs(2, 3001, 21, 3, Y, 1, spill=1, seed=R)
+    garbage) by exactly its band, the sums those of point order; with first touches too,
+    whether a row gets no point (zero-filled after the walk), one or many."""
+    use_knobs(monkeypatch, {"algorithm": "owner", "row_bands": R, "zero_fill": zero_fill})
+    geom, feat = inputs(2, 3001 if zero_fill == "upfront" else 6 * Y, 21, 3, Y, 1, spill=1, seed=R)
+    if zero_fill == "first_touch":  # rows with no point (batch 0's last), one (batch 1's first) and several
+        geom[0, (geom[0, :, 0] == 2) & (geom[0, :, 1] == Y - 1), 0] = -1
+        geom[0, :2] = 0
+        geom[1, (geom[1, :, 0] == 0) & (geom[1, :, 1] == 0), 0] = -1
+        geom[1, 2] = 0
     out = np.full((2, Y, 3, 21), np.nan, np.float32)
-    memo = np.full((2, 3001, 3), 7, np.int32)
+    memo = np.full(geom.shape, 7, np.int32)
     tvm_ops.voxel_pooling_forward(geom, feat, 3, Y, 1, out=(out, memo))
     np.testing.assert_array_equal(out, in_point_order(geom, feat, 3, Y, 1))
     check(geom, feat, 3, Y, 1, (out, memo))
+
+
+def test_first_touch_below_four_points_per_output_row():
+    """zero_fill auto: the band owners mark first touches while a batch has fewer than 4
+    points per output row, else zero-fill their band first; upfront / first_touch force it."""
+    plan = OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults))
+    assert plan["zero_fill"] == "auto"
+    sizes = {"B": 1, "N": 20000, "Y": 128, "X": 128, "C": 80}
+    assert first_touch(sizes, plan) and first_touch(dict(sizes, N=4 * 128 * 128 - 1), plan)
+    assert not first_touch(dict(sizes, N=4 * 128 * 128), plan) and not first_touch(dict(sizes, N=473088), plan)
+    assert not first_touch(sizes, dict(plan, zero_fill="upfront"))
+    assert first_touch(dict(sizes, N=473088), dict(plan, zero_fill="first_touch"))
+    with pytest.raises(ValueError, match="zero_fill must be one of"):
+        OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, zero_fill="never"))
+
+
+@pytest.mark.parametrize("zero_fill", ["upfront", "first_touch"])
+def test_a_lone_negative_zero_sums_to_positive_zero(monkeypatch, zero_fill):
+    """A voxel is summed from +0: its one point's -0.0 gives +0.0 (0 + -0), also when the
+    first touch stores the point's row (it stores feat + 0)."""
+    use_knobs(monkeypatch, {"algorithm": "owner", "row_bands": 1, "zero_fill": zero_fill})
+    geom = np.array([[[0, 0, 0], [1, 0, 0], [1, 0, 0]]], np.int32)
+    feat = np.full((1, 3, 33), -0.0, np.float32)  # two channel vectors and a tail at any width
+    feat[0, 2, ::2] = 2.0
+    out, _ = tvm_ops.voxel_pooling_forward(geom, feat, 2, 1, 1)
+    expected = np.zeros((1, 1, 2, 33), np.float32)  # -0 + 2 = 2; every other sum from +0
+    expected[0, 0, 1, ::2] = 2.0
+    assert out.view(np.uint32).tolist() == expected.view(np.uint32).tolist()
 
 
 def test_row_bands_follow_the_model_not_the_thread_count():

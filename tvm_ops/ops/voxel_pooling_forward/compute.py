@@ -34,17 +34,36 @@ def _pos_memo():
     return pos_memo
 
 
-def _pool_bands(dtype: str, V: int):
+def _pool_bands(dtype: str, V: int, first_touch: bool):
     """The CPU's owner computes: owner = (batch b, band r of `bands` bands of output rows y),
     bands = R chosen by launch; band r is rows [r * ceil(Y / R), min((r + 1) * ceil(Y / R), Y)).
-    It zero-fills its rows, then walks every point of its batch in order and adds the kept
-    points whose y falls in its band: channels [0, C // V * V) in V-wide vectors, then the
-    C % V tail. Every voxel is summed from zero in point order whatever R is, so R (and the
-    thread count) never changes the bits; a band reads the coordinates of all its batch's
-    points but only its own points' feature rows. (Writing pos_memo in the same walk, each
-    owner its 1/R of the points, was slower than its own kernel:
-    docs/kernels/voxel_pooling_forward.md.)"""
+    It walks every point of its batch in order and adds the kept points whose y falls in its
+    band: channels [0, C // V * V) in V-wide vectors, then the C % V tail. Every voxel is
+    summed from zero in point order whatever R is, so R (and the thread count) never changes
+    the bits; a band reads the coordinates of all its batch's points but only its own
+    points' feature rows. (Writing pos_memo in the same walk, each owner its 1/R of the
+    points, was slower than its own kernel: docs/kernels/voxel_pooling_forward.md.)
+
+    first_touch False (`pool`): the band's rows are zero-filled first. True
+    (`pool_first_touch`, for few points per voxel): a byte per row of the band marks the rows
+    written so far; a row's first point stores feat + 0 (the bits of 0 + feat, -0 included),
+    later points add, and the rows no point reached are zero-filled at the end: no zero-fill
+    of the rows that receive points, and no read of them before their first point."""
     zero = tvm.tirx.const(0, dtype)
+
+    @T.macro
+    def add_row(out, feat, vb, y, x, n, C, seen):
+        # out[y, x] += feat[n], or out[y, x] = feat[n] + 0 on its first touch
+        for c0, c1 in T.grid(C // V, V):
+            with T.sblock("band_add"):
+                vc0, vc1 = T.axis.remap("SS", [c0, c1])
+                T.reads(out[vb, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
+                T.writes(out[vb, y, x, vc0 * V + vc1])
+                out[vb, y, x, vc0 * V + vc1] = T.Select(seen, out[vb, y, x, vc0 * V + vc1], zero) + \
+                    feat[vb, n, vc0 * V + vc1]
+        for ct in range(C % V):
+            out[vb, y, x, C // V * V + ct] = T.Select(seen, out[vb, y, x, C // V * V + ct], zero) + \
+                feat[vb, n, C // V * V + ct]
 
     @T.prim_func(s_tir=True)
     def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32, bands: T.int32):
@@ -60,22 +79,35 @@ def _pool_bands(dtype: str, V: int):
                 T.writes(out[vb, 0:Y, 0:X, 0:C])
                 first: T.let[T.int32] = vr * ((Y + bands - 1) // bands)
                 end: T.let[T.int32] = T.min(Y, first + (Y + bands - 1) // bands)  # the last bands may be empty
-                for yy, xx, c in T.grid(T.max(0, end - first), X, C):
-                    out[vb, first + yy, xx, c] = zero
+                if first_touch:
+                    # touched[(y - first) * X + x] != 0 once row (y, x) has a point
+                    touched = T.sblock_alloc_buffer(((Y + bands - 1) // bands * X,), "int8")
+                    for i in range((Y + bands - 1) // bands * X):
+                        touched[i] = T.int8(0)
+                else:
+                    for yy, xx, c in T.grid(T.max(0, end - first), X, C):
+                        out[vb, first + yy, xx, c] = zero
                 for point in range(N):
                     n: T.let[T.int32] = point  # a let: the add block may read it
                     x: T.let[T.int32] = geom[vb, n, 0]
                     y: T.let[T.int32] = geom[vb, n, 1]
                     z: T.let[T.int32] = geom[vb, n, 2]
                     if x >= 0 and x < X and y >= first and y < end and z >= 0 and z < Z:
-                        for c0, c1 in T.grid(C // V, V):
-                            with T.sblock("band_add"):
-                                vc0, vc1 = T.axis.remap("SS", [c0, c1])
-                                T.reads(out[vb, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
-                                T.writes(out[vb, y, x, vc0 * V + vc1])
-                                out[vb, y, x, vc0 * V + vc1] = out[vb, y, x, vc0 * V + vc1] + feat[vb, n, vc0 * V + vc1]
-                        for ct in range(C % V):
-                            out[vb, y, x, C // V * V + ct] = out[vb, y, x, C // V * V + ct] + feat[vb, n, C // V * V + ct]
+                        if first_touch:
+                            seen: T.let = touched[(y - first) * X + x] != T.int8(0)
+                            touched[(y - first) * X + x] = T.int8(1)
+                            add_row(out, feat, vb, y, x, n, C, seen)
+                        else:
+                            add_row(out, feat, vb, y, x, n, C, True)
+                if first_touch:
+                    for yy, xx in T.grid(T.max(0, end - first), X):
+                        row: T.let[T.int32] = yy * X + xx  # a let: the fill may read it
+                        if touched[row] == T.int8(0):
+                            for c0 in range(C // V):
+                                for c1 in T.vectorized(V):
+                                    out[vb, first + row // X, row % X, c0 * V + c1] = zero
+                            for ct in range(C % V):
+                                out[vb, first + row // X, row % X, C // V * V + ct] = zero
     return pool
 
 
@@ -209,11 +241,12 @@ def _pool_atomic(dtype: str, V: int, tail: bool):
 
 def computes(dtype: str, V: int, kind: str) -> dict:
     """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
-    # every library holds every kernel name; the CUDA launch never calls the CPU-only sort,
-    # and the CPU's pool covers every channel, so its library holds pool_tail only as the
-    # same function under the second name (never launched)
+    # every library holds every kernel name; the CUDA launch never calls the CPU-only sort
+    # and first-touch pool, and the CPU's pool covers every channel, so its library holds
+    # pool_tail only as the same function under the second name (never launched)
     shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
     if kind == "cuda":
-        return {"pool": _pool_atomic(dtype, V, False), "pool_tail": _pool_atomic(dtype, V, True), **shared}
-    pool = _pool_bands(dtype, V)
-    return {"pool": pool, "pool_tail": pool, **shared}
+        pool = _pool_atomic(dtype, V, False)
+        return {"pool": pool, "pool_first_touch": pool, "pool_tail": _pool_atomic(dtype, V, True), **shared}
+    pool = _pool_bands(dtype, V, first_touch=False)
+    return {"pool": pool, "pool_first_touch": _pool_bands(dtype, V, first_touch=True), "pool_tail": pool, **shared}

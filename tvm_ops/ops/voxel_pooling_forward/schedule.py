@@ -34,8 +34,8 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(sch.fuse(b, chunk))
         sch.unroll(k)
         return
-    # pool (pool_tail: the same function): owner = (batch, band of output rows); channel
-    # vectors per kept point
+    # pool, pool_first_touch (pool_tail: pool under a second name): owner = (batch, band of
+    # output rows); channel vectors per kept point
     b, r = sch.get_loops(sch.get_sblock("band"))
     sch.parallel(sch.fuse(b, r))
     _vectorize_own_lane_adds(sch, sch.get_sblock("band_add"), model, plan)
@@ -57,7 +57,8 @@ def cuda(sch, kernel, model, plan):
     # batch on blockIdx.y; (point, channel) fused and split over blockIdx.x / threadIdx.x with
     # a constant thread extent (the split's predicate guards the end), channels fastest so a
     # warp reads contiguous feature rows and adds into consecutive output words.
-    block = sch.get_sblock(kernel)
+    # pool_first_touch: the CPU's; here pool under a second name, never launched
+    block = sch.get_sblock("pool" if kernel == "pool_first_touch" else kernel)
     b, n, c = sch.get_loops(block)
     if kernel == "pos_memo":
         bx, tx = sch.split(n, [None, plan["memo_threads"]])
