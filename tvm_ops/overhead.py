@@ -102,8 +102,8 @@ def kernels_alone(op, inputs: dict, params: dict):
 
 def counted_sizes(op, outputs: dict) -> dict:
     """{symbol: size} of the op's counted output sizes, read off the outputs of a real call."""
-    return {dim: value.shape[axis] for t in op.spec.outputs for axis, dim in enumerate(t.dims)
-            if dim in op.spec.counted for value in (outputs[t.name],)}
+    return {dim: outputs[t.name].shape[axis] for t in op.spec.outputs for axis, dim in enumerate(t.dims)
+            if dim in op.spec.counted}
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
 Contract: specs/voxel_pooling_forward.yaml.
 
 Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the CPU
-`pool` (owner = batch x band of output rows, every channel), on CUDA `pool` (channels
+`pool` or `pool_first_touch` (owner = batch x band of output rows, every channel), on CUDA `pool` (channels
 [0, C // V * V)) and `pool_tail` (channels [C // V * V, C), launched only when
 C % V != 0); with the CPU's `algorithm: sort`, `sort_points` and `segment_sum` instead
 (the BEVPool route; the same bits, measured slower: docs/kernels/voxel_pooling_forward.md).
