@@ -141,10 +141,11 @@ def test_a_launch_only_knob_gets_its_own_library(tmp_path):
     op, model = get("ms_deform_attn_backward"), targets.resolve("llvm")
     base = dispatch.default_variant(op, "float32", model)
     other = build.Variant(op, "float32", model, dict(base.knobs, private_min_ratio=2.0), "test")
+    assert base.knobs["private_min_ratio"] != 2.0
     assert base.scheduled_module().script() == other.scheduled_module().script()
     entries = [build.build_entry(v, tmp_path) for v in (base, other)]
     assert entries[0] != entries[1]
-    assert [build.load(e, op).plan["private_min_ratio"] for e in entries] == [1.0, 2.0]
+    assert [build.load(e, op).plan["private_min_ratio"] for e in entries] == [base.knobs["private_min_ratio"], 2.0]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
