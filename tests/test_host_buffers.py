@@ -156,3 +156,48 @@ def test_no_workspace_allocates_nothing(monkeypatch):
     monkeypatch.setattr(interop, "empty_like_kind", refuse)
     assert interop.carved("numpy", "cpu", interop.block_layout({})) == {}
 
+
+
+@requires_torch
+def test_a_large_torch_cpu_output_reuses_a_dead_outputs_block(cache):
+    """Large uninitialised CPU torch outputs are views of the reused blocks (PyTorch maps a
+    fresh block per large tensor: a page fault per page); zeroed ones are torch's own."""
+    import torch
+
+    from tvm_ops import interop
+
+    first = interop.empty_like_kind("torch", "cpu", (32, 64), "float32", zero=False)
+    assert type(first) is torch.Tensor and first.dtype == torch.float32 and first.shape == (32, 64)
+    where = first.data_ptr()
+    del first
+    gc.collect()
+    assert cache.cached_bytes() == 32 * 64 * 4
+    again = interop.empty_like_kind("torch", "cpu", (64, 32), "float32", zero=False)
+    assert again.data_ptr() == where and cache.cached_bytes() == 0
+    zeros = interop.empty_like_kind("torch", "cpu", (64, 32), "float32", zero=True)
+    assert not zeros.any() and cache.cached_bytes() == 0
+    small = interop.empty_like_kind("torch", "cpu", (SMALL // 8,), "float32", zero=False)
+    del small
+    gc.collect()
+    assert cache.cached_bytes() == 0  # below the threshold: torch's own memory
+
+
+@requires_torch
+def test_a_torch_call_returns_its_output_in_a_reused_block(cache):
+    """Two calls on torch tensors: the second output lands in the first's block once that
+    one is dead, and both hold the right values."""
+    import torch
+
+    import tvm_ops
+
+    rng = np.random.default_rng(3)
+    grad = torch.from_numpy(rng.standard_normal((2, 8, 16)).astype(np.float32))
+    idx = torch.from_numpy(rng.integers(0, 64, (2, 16, 3)).astype(np.int32))
+    weight = torch.from_numpy(rng.uniform(0, 1, (2, 16, 3)).astype(np.float32))
+    first = tvm_ops.three_interpolate_backward(grad, idx, weight, 64)  # 4 KiB: from the cache
+    expected, where = first.clone(), first.data_ptr()
+    del first
+    gc.collect()
+    again = tvm_ops.three_interpolate_backward(grad, idx, weight, 64)
+    assert again.data_ptr() == where
+    torch.testing.assert_close(again, expected, rtol=0, atol=0)

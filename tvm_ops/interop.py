@@ -108,10 +108,14 @@ class _Unmarked:
 
 def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool, line_aligned: bool = False):
     """A new output tensor of the caller's kind (numpy: on a cache line if it is not small, or
-    always with line_aligned)."""
+    always with line_aligned). A large uninitialised CPU torch tensor is a view of a reused
+    host block (host_buffers), as a numpy output is: a fresh one costs a page fault per page
+    (67 ms for the 303 MB gradient of a voxel_pooling training step, 0.6 ms reused)."""
     if kind == "torch":
         import torch
 
+        if device == "cpu" and not zero and host_buffers.reused(shape, dtype):
+            return torch.from_numpy(host_buffers.empty(shape, dtype))
         make = torch.zeros if zero else torch.empty
         return make(shape, dtype=getattr(torch, dtype), device=device)
     if zero:
