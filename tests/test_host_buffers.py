@@ -201,3 +201,21 @@ def test_a_torch_call_returns_its_output_in_a_reused_block(cache):
     again = tvm_ops.three_interpolate_backward(grad, idx, weight, 64)
     assert again.data_ptr() == where
     torch.testing.assert_close(again, expected, rtol=0, atol=0)
+
+
+@requires_torch
+def test_torch_ops_with_outputs_in_reused_blocks_pass_opcheck(cache):
+    """A torch custom op whose output is a view of a reused block (with the threshold
+    lowered: the forward's 5 KiB output) still passes torch.library.opcheck and trains."""
+    import torch
+
+    from tvm_ops import functional
+
+    idx = torch.randint(0, 6, (1, 20, 3), dtype=torch.int32)
+    weight = torch.rand(1, 20, 3)
+    features = torch.randn(1, 64, 6, requires_grad=True)
+    torch.library.opcheck(torch.ops.tvm_ops.three_interpolate_forward.default, (features, idx, weight))
+    torch.library.opcheck(torch.ops.tvm_ops.three_interpolate_backward.default,
+                          (torch.randn(1, 64, 20), idx, weight, 6))
+    functional.three_interpolate(features, idx, weight).square().sum().backward()
+    assert features.grad.shape == (1, 64, 6) and torch.isfinite(features.grad).all()
