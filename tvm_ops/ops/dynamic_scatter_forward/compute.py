@@ -21,9 +21,9 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  block per tile, the tile in shared memory, a thread per entry): every
                  stage k <= tile at first, then the j < tile steps of each later stage;
                  bitonic_step is one global step (j >= tile), a launch each. head_flags
-                 marks voxel starts; chunk_totals, chunk_offsets and chunk_scan number the voxels (an inclusive
-                 scan in chunks of `chunk`); segment_starts records where each starts
-                 and the voxel count.
+                 marks voxel starts; chunk_totals, chunk_offsets and chunk_scan number
+                 the voxels (an inclusive scan in chunks of `chunk`); segment_starts
+                 records where each starts and the voxel count.
 Both leave order[0:N] (sorted point indices), start[0:M+1] (voxel v's points are
 order[start[v]:start[v+1]], start[M] = the kept points), voxel_of[i] (1 + the voxel of
 sorted position i < start[M]) and count[0] = M.
@@ -166,7 +166,8 @@ def _network_store(dst, slot, coors, N, D, vi, a, b, k, j, scope):
 @T.macro(hygienic=False)
 def _tile_step(buf, t, k, j, parity, lanes, scope):
     """Step (k, j < tile) of the network on tile t, held in buf: from half `parity` into the
-    other, a lane (`lanes`: the loop over them) per slot, its state in `scope`."""
+    other, a lane (`lanes`: the loop over them) per slot, its state in `scope`. Reads the
+    expanding kernel's coors, N and D, and group_computes' tile."""
     for i in lanes(tile):
         with T.sblock("tile_step"):
             T.reads(coors[0:N, 0:D], buf[0:2 * tile])
@@ -186,7 +187,8 @@ def group_computes(kind: str, tile: int) -> dict:
     """Both grouping plans' kernels; N, D, the permutation's length P and the chunk count G
     symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan).
     `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers; `tile`:
-    the entries (a power of two) bitonic_tile sorts in one CUDA block's shared memory, a lane (thread) per entry (on the CPU a loop, a tile at a time)."""
+    the entries (a power of two) bitonic_tile sorts in one CUDA block's shared memory, a
+    lane (thread) per entry (on the CPU a loop, a tile at a time)."""
     small = scratch_scope(kind)
     shared = "shared" if kind == "cuda" else "global"
     tile_loop = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if kind == "cuda" else T.serial
@@ -485,7 +487,8 @@ def group_computes(kind: str, tile: int) -> dict:
     fixed = {f"group_rows_d{d}": _with_columns(group_rows, d) for d in FIXED_COLUMNS}
     return {"group_rows": group_rows, **fixed, "bitonic_init": bitonic_init,
             "bitonic_step": bitonic_step, "bitonic_tile": bitonic_tile, "head_flags": head_flags,
-            "chunk_totals": chunk_totals, "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan, "segment_starts": segment_starts}
+            "chunk_totals": chunk_totals, "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan,
+            "segment_starts": segment_starts}
 
 
 def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: str):

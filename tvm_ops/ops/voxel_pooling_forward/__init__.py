@@ -57,7 +57,7 @@ FIRST_TOUCH_MAX_POINTS_PER_ROW = 4
 def first_touch(sizes: dict, plan: dict) -> bool:
     """Whether the CPU band owners mark the rows their points reach instead of zero-filling
     their band first: with few points per output row most of the zero-fill is rewritten."""
-    mode = plan.get("zero_fill", "upfront")
+    mode = plan["zero_fill"]
     if mode != "auto":
         return mode == "first_touch"
     return sizes["N"] < FIRST_TOUCH_MAX_POINTS_PER_ROW * sizes["Y"] * sizes["X"]
