@@ -98,7 +98,9 @@ def test_random_shapes_and_boxes(n, h, w, c, pool, boxes, spill, dtype, seed):
 
 
 def test_one_library_serves_many_shapes():
+    # a small call and a large one: the one-core build and the parallel one (the policy's choice)
     tvm_ops.border_align_backward(*inputs(1, 2, 3, 5), 10, height=2, width=3)
+    tvm_ops.border_align_backward(*inputs(1, 25, 38, 17), 10, height=25, width=38)
     before = build.build_count
     for n, h, w, c in [(2, 7, 10, 33), (1, 1, 1, 16), (3, 4, 5, 1), (1, 25, 38, 17)]:
         go, bx, am = inputs(n, h, w, c)

@@ -49,6 +49,11 @@ def child(cache: Path, extra_env=None) -> int:
     return int(done.stdout.strip().splitlines()[-1])
 
 
+def child_variant():
+    """The library CHILD's call loads: its tiny call runs one-core (the policy's choice)."""
+    return dispatch.default_variant(OP, "float32", targets.resolve("llvm"), one_core=True)
+
+
 def entries(cache: Path):
     return sorted(p for p in cache.iterdir() if p.name.startswith("three_interpolate_backward-float32-llvm"))
 
@@ -81,8 +86,7 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
 
 
 def test_a_corrupt_library_in_the_users_build_dir_is_left_there(tmp_path):
-    model = targets.resolve("llvm")
-    entry = build.build_entry(dispatch.default_variant(OP, "float32", model), tmp_path / "out")
+    entry = build.build_entry(child_variant(), tmp_path / "out")
     (entry / "lib.so").write_bytes(b"garbage")
     assert child(tmp_path / "cache", {"TVM_OPS_BUILD_DIR": str(tmp_path / "out")}) == 1  # built into the cache
     assert (entry / "lib.so").read_bytes() == b"garbage"
@@ -99,8 +103,7 @@ def test_publishing_an_entry_another_process_published_keeps_the_first(tmp_path)
 
 
 def test_build_dir_is_searched_before_the_cache(tmp_path):
-    model = targets.resolve("llvm")
-    entry = build.build_entry(dispatch.default_variant(OP, "float32", model), tmp_path / "out")
+    entry = build.build_entry(child_variant(), tmp_path / "out")
     assert entry.parent == tmp_path / "out"
     assert child(tmp_path / "empty_cache", {"TVM_OPS_BUILD_DIR": str(tmp_path / "out")}) == 0
 

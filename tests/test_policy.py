@@ -180,3 +180,17 @@ def test_border_align_owners_are_whole_channel_groups():
             wide = model.lanes("float32") >= plan["channel_group"]
             assert plan["corner_adds"] == (knobs["corner_adds"] if wide or knobs["corner_adds"] != "per_position"
                                            else "per_sample")
+
+
+def test_small_work_runs_on_one_core_and_more_of_it_with_sleeping_workers():
+    two = policy.Policy(cores=2, budget=1 << 20, lanes=16, scope="global")
+    spinning_io, spinning_ops = policy.ONE_CORE_BELOW["spinning"]
+    asleep_io, asleep_ops = policy.ONE_CORE_BELOW["asleep"]
+    assert spinning_io < asleep_io and spinning_ops < asleep_ops  # a wake-up costs more than a hand-out
+    for asleep, (io_limit, ops_limit) in ((False, (spinning_io, spinning_ops)), (True, (asleep_io, asleep_ops))):
+        assert two.one_core(io_limit - 1, ops_limit - 1, asleep)
+        assert two.one_core(io_limit - 1, None, asleep)  # no ops formula: the io decides
+        assert not two.one_core(io_limit, 0, asleep)
+        assert not two.one_core(0, ops_limit, asleep)
+    one = policy.Policy(cores=1, budget=1 << 20, lanes=16, scope="global")
+    assert one.one_core(1e12, 1e12, False)  # nothing to gain from a pool of one

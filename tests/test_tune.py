@@ -84,8 +84,8 @@ def test_tune_records_resumes_and_dispatches(tmp_path, model, monkeypatch):
     loaded = []
     OP.clear_call_cache()  # every call below takes the full path, as a call after new records would
     real_kernels = dispatch.kernels
-    monkeypatch.setattr(dispatch, "kernels", lambda op, dtype, m, cls=None: loaded.append(cls) or real_kernels(
-        op, dtype, m, cls))
+    monkeypatch.setattr(dispatch, "kernels", lambda op, dtype, m, cls=None, one_core=False: loaded.append(cls) or
+                        real_kernels(op, dtype, m, cls, one_core))
     for b, c, n, m in ((16, 16, 64, 512), (15, 17, 60, 480), (2, 5, 9, 4)):
         inputs, params = call_inputs(b, c, n, m)
         out = OP.call(inputs, params, model, {})
@@ -231,13 +231,15 @@ def test_cli_tune_and_list(tmp_path):
     assert listed.returncode == 0, listed.stderr
     assert "float32: hand-tuned" in listed.stdout and "float16: hand-tuned" in listed.stdout
     assert f"shape class {SHAPE_CLASS}: tuned:{CASE}" in listed.stdout
-    # build compiles the hand-tuned library and the tuned class's best (when its knobs differ)
+    # build compiles the hand-tuned library and the tuned class's best (when its knobs differ),
+    # each parallel and one-core
     built = subprocess.run([sys.executable, "-m", "tvm_ops", "build", "--op", OP.name, "--dtype", "float32",
                             "--out", str(tmp_path / "libs")], env=env, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     best = records.best(OP, "float32", targets.resolve("llvm"), SHAPE_CLASS, path)
-    origins = [line.split()[6] for line in built.stdout.splitlines() if line.startswith(OP.name)]
-    assert origins == ["hand-tuned"] + ([f"tuned:{CASE}"] if best["knobs"] != OP.schedules["llvm"].defaults else [])
+    origins = [tuple(line.split()[6:8]) for line in built.stdout.splitlines() if line.startswith(OP.name)]
+    expected = ["hand-tuned"] + ([f"tuned:{CASE}"] if best["knobs"] != OP.schedules["llvm"].defaults else [])
+    assert origins == [(o, "parallel") for o in expected] + [(o, "one-core") for o in expected]
     # --shape: another size of the same case is its own shape class
     done = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--case", CASE,
                            "--shape", "N=32", "--trials", "1", "--records", str(path), "--workers", "1",

@@ -46,7 +46,8 @@ def cmd_build(args) -> int:
             start = time.perf_counter()
             entry = build.build_entry(variant, out)
             bar.write(f"{variant.op.name:28s} {variant.dtype:8s} {model.key:18s} {variant.key}  "
-                      f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} {entry}")
+                      f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} "
+                      f"{'one-core' if variant.one_core else 'parallel':8s} {entry}")
     if args.out:
         print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")
     return 0

@@ -45,13 +45,15 @@ class BenchLine:
     # time (gather, scatter, gather+scatter) as the bandwidth io bytes / that time
     roofline: str = "DRAM"
     roofline_gbps: float = 0.0
+    one_core: bool = False  # the call ran one-core kernels (the policy's choice; one_core.py)
 
     def text(self) -> str:
         compute = f"{self.compute_efficiency:6.1%}" if self.compute_efficiency is not None else "    - "
         peer = (f"best peer {self.peer} {self.peer_ms:9.2f} ms  x{self.speedup:6.1f}" if self.peer_ms is not None
                 else "peer        -")
         others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
-        return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {self.origin:16s} "
+        origin = f"{self.origin}, 1 core" if self.one_core else self.origin
+        return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {origin:16s} "
                 f"{self.median_ms:9.3f} ms "
                 f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%} of {self.roofline:14s} "
                 f"{self.roofline_gbps:6.1f} GB/s  compute {compute}  {peer}{others}")
@@ -262,7 +264,9 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     main_peer = min(peers, key=peers.get, default=None)
     peer_ms = peers.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
-    origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
+    shape_class = records.problem_class(op.spec, problem)
+    origin = dispatch.default_variant(op, dtype, model, shape_class).origin
+    one_core = dispatch.runs_on_one_core(op.spec, problem, model)
     bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
     pattern_of = getattr(material(op), "access_pattern", None)
     pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
@@ -273,7 +277,8 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bound_bandwidth, (ops / seconds / peak) if ops and peak else None,
-        peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers, main_peer, bound, bound_bandwidth / 1e9)
+        peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers, main_peer, bound, bound_bandwidth / 1e9,
+        one_core)
 
 
 def line_aligned(value):

@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths, targets
+from . import one_core, paths, targets
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 4  # 2: knobs in the key; 3: CUDA without fast math; 4: key from sources, not scheduled IR
+FORMAT_VERSION = 5  # 2: knobs; 3: CUDA without fast math; 4: key from sources; 5: one-core builds
 PACKAGE_DIR = Path(__file__).resolve().parent
 build_count = 0  # libraries compiled by this process (tests count rebuilds)
 
@@ -46,6 +46,7 @@ class Variant:
     model: targets.TargetModel
     knobs: dict
     origin: str  # "hand-tuned" (schedules/<op>.yaml defaults) or a tuning record
+    one_core: bool = False  # CPU kernels with their parallel loops serial (one_core.py)
 
     @functools.cached_property
     def plan(self) -> dict:
@@ -59,7 +60,8 @@ class Variant:
         for name, func in self.op.computes(self.dtype, self.plan, self.model).items():
             sch = tvm.s_tir.Schedule(func)
             self.op.schedule(sch, name, self.model, self.plan)
-            funcs[name] = sch.mod["main"].with_attr("global_symbol", name)
+            scheduled = one_core.serial_kernel(sch.mod["main"]) if self.one_core else sch.mod["main"]
+            funcs[name] = scheduled.with_attr("global_symbol", name)
         return tvm.IRModule(funcs)
 
     @functools.cached_property
@@ -72,22 +74,24 @@ class Variant:
         for part in (source_digest(self.op), json.dumps(self.plan, sort_keys=True, default=str),
                      json.dumps(self.knobs, sort_keys=True, default=str), self.dtype,
                      json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
-                     tvm.__version__, str(FORMAT_VERSION)):
+                     tvm.__version__, str(FORMAT_VERSION), str(self.one_core)):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()[:16]
 
     @property
     def entry_name(self) -> str:
-        return f"{self.op.name}-{self.dtype}-{self.model.key}-{self.key}"
+        cores = "-1core" if self.one_core else ""
+        return f"{self.op.name}-{self.dtype}-{self.model.key}{cores}-{self.key}"
 
 
 @functools.lru_cache(maxsize=None)
 def source_digest(op) -> str:
-    """sha256 of the source of op's compute and schedule modules and of every tvm_ops
-    module they import, directly or not (found by reading their import statements)."""
+    """sha256 of the source of op's compute and schedule modules, of the module that makes
+    one-core kernels and of every tvm_ops module they import, directly or not (found by
+    reading their import statements)."""
     package = type(op).__module__  # tvm_ops.ops.<op>
-    modules = _imported_modules([f"{package}.compute", f"{package}.schedule"])
+    modules = _imported_modules([f"{package}.compute", f"{package}.schedule", one_core.__name__])
     digest = hashlib.sha256()
     for name in sorted(modules):
         digest.update(name.encode() + b"\0" + _module_file(name).read_bytes() + b"\0")
@@ -188,7 +192,7 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
         info = {
             "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
             "target_spec": str(target), "tvm_version": tvm.__version__, "key": variant.key,
-            "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin,
+            "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin, "one_core": variant.one_core,
             "kernels": list(variant.op.kernel_names), "sources": sources,
             "library_sha256": _sha256(staging / "lib.so"),
         }

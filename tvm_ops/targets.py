@@ -143,6 +143,12 @@ def sleep_workers_between_kernels() -> None:
     os.environ.setdefault(SPIN_ENV, "0")
 
 
+def workers_sleep_between_kernels() -> bool:
+    """Whether TVM's CPU workers sleep between kernels (the spin count is 0), so that waking
+    them costs a parallel loop tens of microseconds rather than a few."""
+    return os.environ.get(SPIN_ENV, "").strip() == "0"
+
+
 def _worker_count() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))

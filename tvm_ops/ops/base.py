@@ -111,8 +111,9 @@ class Operator:
         targets.require_runnable(model)
         if problem.kind == "torch" and model.kind == "llvm":  # kernels taking turns with torch's ops
             targets.sleep_workers_between_kernels()
+        one_core = dispatch.runs_on_one_core(self.spec, problem, model)
         return CallPlan(self, problem, dispatch.kernels(self, problem.dtype, model,
-                                                        records.problem_class(self.spec, problem)))
+                                                        records.problem_class(self.spec, problem), one_core))
 
     def clear_call_cache(self) -> None:
         """Forget the remembered call signatures: the next calls take the full path again

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import bench, build, checks, interop, paths, records, runner
+from .. import bench, build, checks, dispatch, interop, paths, records, runner
 from ..errors import BadParamError, NotSupportedError
 from ..invocation import CallPlan, new_tensors, output_specs
 from ..targets import TargetModel
@@ -88,11 +88,12 @@ def append_record(path: Path, record: dict) -> None:
         f.flush()
 
 
-def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin: str, out_dir: str) -> str:
+def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin: str, one_core: bool,
+               out_dir: str) -> str:
     """Build (or find in the cache) one candidate's library; runs in a worker process."""
     from ..ops import get
 
-    variant = build.Variant(get(op_name), dtype, model, knobs, origin)
+    variant = build.Variant(get(op_name), dtype, model, knobs, origin, one_core)
     return str(build.find_entry(variant) or build.build_entry(variant, Path(out_dir)))
 
 
@@ -469,6 +470,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
         harness = (RpcHarness(op, case, dtype, model, rpc, prepared) if rpc is not None
                    else LocalWorker(op, case, dtype, model, timeout))
     cache = paths.cache_dir()
+    one_core = dispatch.runs_on_one_core(op.spec, prepared.problem, model)  # as the call path builds them
     pool = None
     if workers > 1 and len(todo) > 1:
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
@@ -478,7 +480,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
             # build the chunk (in parallel), then measure it sequentially with the cores otherwise idle
             builds = []
             for record in chunk:
-                args = (op.name, dtype, model, record["knobs"], f"tuned:{record['id']}", str(cache))
+                args = (op.name, dtype, model, record["knobs"], f"tuned:{record['id']}", one_core, str(cache))
                 builds.append(pool.submit(_build_one, *args) if pool else args)
             # every build of the chunk finishes before the first timing: a build still running
             # on the other core would slow the candidates timed early (the baseline first)

@@ -1,0 +1,53 @@
+"""One-core builds of the CPU kernels.
+
+TVM's thread pool has no per-call thread count: a parallel loop hands its iterations to
+every worker (TVM_NUM_THREADS, read once per process), wakes those asleep and waits for
+all of them. On a small call that costs more than the other cores save (docs/performance.md,
+"small calls on one core"). So a CPU library can also be built one-core (the Variant's
+`one_core`): the same scheduled TensorIR with its parallel loops made serial, run on the
+calling thread without touching the pool. The policy (policy.Policy.one_core) picks it for
+a call from the work its spec's theory formulas give (dispatch.runs_on_one_core).
+
+A one-core kernel runs the parallel tasks one after another on one thread; every parallel
+loop of these kernels gives each task outputs of its own (owner computes), so it writes
+the same bits as the parallel kernel.
+"""
+
+from __future__ import annotations
+
+
+def serial_kernel(func):
+    """`func` (a scheduled PrimFunc) with every parallel loop serial and, if it had one, its
+    buffer parameters declared aligned to their element only.
+
+    The alignment: TVM declares a parameter's data 64-byte aligned, which the call path does
+    not promise (numpy views start anywhere). A parallel loop's body reads its buffers through
+    the launch's closure, where LLVM knows nothing of their alignment; made serial, the same
+    body sits in the function whose parameters carry the declaration, and LLVM then used
+    aligned vector moves on a misaligned output and folded a kernel's own alignment test
+    (border_align_backward's streamed stores) to true."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    def serial(loop):
+        if loop.kind != tirx.ForKind.PARALLEL:
+            return loop
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+                        loop.thread_binding, loop.annotations, loop.step, loop.span)
+
+    def element_aligned(function, mutator):
+        for param in function.params:
+            if getattr(param, "data_alignment", None) is None:
+                continue  # a scalar parameter
+            element = tvm.DataType(param.dtype)
+            mutator.var_remap_set(param, tirx.decl_buffer(
+                param.shape, param.dtype, param.name, strides=param.strides, elem_offset=param.elem_offset,
+                scope=param.scope(), data_alignment=max(1, element.bits * element.lanes // 8),
+                offset_factor=param.offset_factor))
+        return mutator.default_mutate(function)
+
+    serial_func = tvm_ffi.structural_map(func, (tirx.For, serial))
+    if serial_func.same_as(func):
+        return func  # no parallel loop: the kernel as it is
+    return tvm_ffi.structural_mutate(serial_func, (tirx.PrimFunc, element_aligned))
