@@ -253,7 +253,12 @@ def cpu_knob_variants():
                 yield {**sched.defaults, knob: value}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+# the float32 tests below build every float32 CPU knob variant (~17 s each): on one worker
+# the second finds them built
+KNOB_VARIANTS = pytest.mark.xdist_group("border_align_backward_float32_knob_variants")
+
+
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=KNOB_VARIANTS), "float16"])
 def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
     # owners walk k in order and every lane receives its own sample's 4 adds in the same order
     # (per_sample's other lanes add +0, which changes no bit): the same bits whichever task
@@ -288,6 +293,7 @@ def same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype):
         np.testing.assert_array_equal(other.view(np.uint8), results[0].view(np.uint8))
 
 
+@KNOB_VARIANTS
 def test_cpu_variants_at_the_largest_pool_size():
     # pool_size 2**31 - 1: the per-sample adds visit only the blocks of 16 samples that hold
     # some lane's argmax (here the first, some in between and the last, whose end is INT32_MAX)
