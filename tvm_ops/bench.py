@@ -52,7 +52,7 @@ class BenchLine:
         peer = (f"best peer {self.peer} {self.peer_ms:9.2f} ms  x{self.speedup:6.1f}" if self.peer_ms is not None
                 else "peer        -")
         others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
-        origin = f"{self.origin}, 1 core" if self.one_core else self.origin
+        origin = f"{self.origin}, one-core" if self.one_core else self.origin
         return (f"{self.op:28s} {self.case:26s} {self.dtype:8s} {self.target:18s} {origin:16s} "
                 f"{self.median_ms:9.3f} ms "
                 f"{self.gbps:7.2f} GB/s  io {self.io_efficiency:6.1%} of {self.roofline:14s} "
@@ -264,8 +264,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     main_peer = min(peers, key=peers.get, default=None)
     peer_ms = peers.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
-    shape_class = records.problem_class(op.spec, problem)
-    origin = dispatch.default_variant(op, dtype, model, shape_class).origin
+    origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     one_core = dispatch.runs_on_one_core(op.spec, problem, model)
     bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
     pattern_of = getattr(material(op), "access_pattern", None)

@@ -52,7 +52,7 @@ def runs_on_one_core(spec, problem, model: targets.TargetModel) -> bool:
         return False
     sizes = dict.fromkeys(spec.counted, 0) | problem.sizes
     io_bytes, ops = spec.theory(sizes, np.dtype(problem.dtype).itemsize, problem.params)
-    return policy.for_target(model).one_core(io_bytes, ops, targets.workers_sleep_between_kernels())
+    return policy.for_target(model).one_core(io_bytes, ops, targets.workers_asleep_between_kernels())
 
 
 def kernels(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None,

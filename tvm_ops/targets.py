@@ -143,7 +143,7 @@ def sleep_workers_between_kernels() -> None:
     os.environ.setdefault(SPIN_ENV, "0")
 
 
-def workers_sleep_between_kernels() -> bool:
+def workers_asleep_between_kernels() -> bool:
     """Whether TVM's CPU workers sleep between kernels (the spin count is 0), so that waking
     them costs a parallel loop tens of microseconds rather than a few."""
     return os.environ.get(SPIN_ENV, "").strip() == "0"
