@@ -97,6 +97,70 @@ def corner_macro(dtype: str, position, derivatives: bool = True):
     return corner
 
 
+# the cell of a sample the validity test skips: every corner row and column of it falls
+# below 0, so no corner is used
+SKIPPED = -2
+
+
+def cell_macro(dtype: str, position):
+    """The forward's per-sample half of the rule: (y0, x0)[b, q, h, l, p], the top-left
+    corner's cell, and (lh, lw), the position's offsets inside it (SKIPPED and 0 for a
+    sample the strict validity test skips). corner_of_cell_macro finishes the rule per
+    corner; together they give corner_macro's rows and weights, bit for bit, with the
+    position, its floor and the validity test once per sample. One buffer per value: a
+    block writing a constant [0:2] region could not be computed at the consumer's loops."""
+    zero, minus_one = tirx.const(0, dtype), tirx.const(-1, dtype)
+
+    @T.macro
+    def cell(shapes, loc, y0s, x0s, lhs, lws, vb, vq, vh, vl, vp):
+        hl: T.let = shapes[vl, 0]
+        wl: T.let = shapes[vl, 1]
+        h_im: T.let = position(loc[vb, vq, vh, vl, vp, 1], hl)
+        w_im: T.let = position(loc[vb, vq, vh, vl, vp, 0], wl)
+        y0s[vb, vq, vh, vl, vp] = SKIPPED
+        x0s[vb, vq, vh, vl, vp] = SKIPPED
+        lhs[vb, vq, vh, vl, vp] = zero
+        lws[vb, vq, vh, vl, vp] = zero
+        if (h_im > minus_one and w_im > minus_one
+                and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl)):
+            y0: T.let = T.Cast("int32", T.floor(h_im))
+            x0: T.let = T.Cast("int32", T.floor(w_im))
+            y0s[vb, vq, vh, vl, vp] = y0
+            x0s[vb, vq, vh, vl, vp] = x0
+            lhs[vb, vq, vh, vl, vp] = h_im - T.Cast(dtype, y0)
+            lws[vb, vq, vh, vl, vp] = w_im - T.Cast(dtype, x0)
+
+    return cell
+
+
+def corner_of_cell_macro(dtype: str):
+    """Corner k = (k // 2, k % 2) of a sample from its cell (cell_macro): rows = its value
+    row (-1: unused), w = its bilinear weight; corner_macro's per-corner half."""
+    zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
+
+    @T.macro
+    def corner(shapes, lsi, y0s, x0s, lhs, lws, rows, w, vb, vq, vh, vl, vp, vk, K):
+        hl: T.let = shapes[vl, 0]
+        wl: T.let = shapes[vl, 1]
+        ky: T.let = vk // 2
+        kx: T.let = vk % 2
+        y: T.let = y0s[vb, vq, vh, vl, vp] + ky
+        x: T.let = x0s[vb, vq, vh, vl, vp] + kx
+        rows[vb, vq, vh, vl, vp, vk] = -1
+        w[vb, vq, vh, vl, vp, vk] = zero
+        if y >= 0 and y < hl and x >= 0 and x < wl:
+            r: T.let = lsi[vl] + y * wl + x
+            if r >= 0 and r < K:
+                lh: T.let = lhs[vb, vq, vh, vl, vp]
+                lw: T.let = lws[vb, vq, vh, vl, vp]
+                fy: T.let = T.if_then_else(ky == 1, lh, one - lh)
+                fx: T.let = T.if_then_else(kx == 1, lw, one - lw)
+                rows[vb, vq, vh, vl, vp, vk] = r
+                w[vb, vq, vh, vl, vp, vk] = fy * fx
+
+    return corner
+
+
 def private_slice(sizes: dict, plan: dict) -> bool:
     """Whether a CPU kernel works on a private contiguous [K, C] copy of each (b, h) slice
     (knobs private_slice, private_min_ratio of both directions). The copy costs one strided

@@ -1,8 +1,9 @@
-"""TensorIR compute of ms_deform_attn_forward: a corner block and a gather reduction.
+"""TensorIR compute of ms_deform_attn_forward: sample and corner blocks and a gather reduction.
 
+    sample[b, q, h, l, p]     the sample's cell (y0, x0) and offsets (lh, lw), or SKIPPED
     corner[b, q, h, l, p, k]  row and weight (bilinear weight * attention) of corner k of
-                              sample (b, q, h, l, p), by the sampling rule both directions
-                              share (ops/ms_deform_attn_sampling.py)
+                              the sample, from its cell: together the sampling rule both
+                              directions share (ops/ms_deform_attn_sampling.py)
     output[b, q, h, c]        sum over (l, p, k) of weight * value[b, row, h, c], rows of
                               unused corners (-1) skipped
 
@@ -10,10 +11,10 @@ Each output element is written by one iteration of its spatial loops, so every s
 a gather without atomics, and the sum runs in (l, p, k) order on every target: the same
 bits wherever the tasks run. `channels` compiles C in (None: symbolic).
 
-A corner block per (sample, corner) rather than one per sample: TensorIR's compute_at cannot
-place a block that writes a constant [0:4] region at the consumer's point loop, so each
-corner recomputes its sample's position and validity test (arithmetic on values already in
-registers; docs/kernels/ms_deform_attn_forward.md has what it costs).
+The position, its floor and the validity test run once per sample (the sample block), the
+rest per corner: TensorIR's compute_at cannot place a block that writes a constant [0:4]
+region (all four corners at once) at the consumer's point loop, so corners stay a block
+each, and the sample block writes one buffer per value for the same reason.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..ms_deform_attn_sampling import corner_macro
+from ..ms_deform_attn_sampling import cell_macro, corner_of_cell_macro
 
 
 # *_private: gather from a contiguous copy of the (batch, head) slice (CPU; on CUDA the same
@@ -34,7 +35,8 @@ def forward_compute(dtype: str, position, channels: int | None = None):
     """The forward with sampling positions by `position` (fma_position on the CPU,
     exact_position on CUDA)."""
     zero = tirx.const(0, dtype)
-    corner = corner_macro(dtype, position, derivatives=False)
+    cell = cell_macro(dtype, position)
+    corner = corner_of_cell_macro(dtype)
     channel_count = tirx.Var("C", "int32") if channels is None else tirx.IntImm("int32", channels)
     # element alignment only: the kernels take any contiguous numpy / torch view
     EL = np.dtype(dtype).itemsize
@@ -51,14 +53,26 @@ def forward_compute(dtype: str, position, channels: int | None = None):
         loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype, align=EL)
         attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype, align=EL)
         out = T.match_buffer(out_h, (B, Q, H, C), dtype, align=EL)
+        y0s = T.sblock_alloc_buffer((B, Q, H, L, P), "int32")
+        x0s = T.sblock_alloc_buffer((B, Q, H, L, P), "int32")
+        lhs = T.sblock_alloc_buffer((B, Q, H, L, P), dtype)
+        lws = T.sblock_alloc_buffer((B, Q, H, L, P), dtype)
         rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
         weight = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        for b, q, h, l, p in T.grid(B, Q, H, L, P):
+            with T.sblock("sample"):
+                vb, vq, vh, vl, vp = T.axis.remap("SSSSS", [b, q, h, l, p])
+                T.reads(shapes[vl, 0:2], loc[vb, vq, vh, vl, vp, 0:2])
+                T.writes(y0s[vb, vq, vh, vl, vp], x0s[vb, vq, vh, vl, vp], lhs[vb, vq, vh, vl, vp],
+                         lws[vb, vq, vh, vl, vp])
+                cell(shapes, loc, y0s, x0s, lhs, lws, vb, vq, vh, vl, vp)
         for b, q, h, l, p, k in T.grid(B, Q, H, L, P, 4):
             with T.sblock("corner"):
                 vb, vq, vh, vl, vp, vk = T.axis.remap("SSSSSS", [b, q, h, l, p, k])
-                T.reads(shapes[vl, 0:2], lsi[vl], loc[vb, vq, vh, vl, vp, 0:2], attn[vb, vq, vh, vl, vp])
+                T.reads(shapes[vl, 0:2], lsi[vl], y0s[vb, vq, vh, vl, vp], x0s[vb, vq, vh, vl, vp],
+                        lhs[vb, vq, vh, vl, vp], lws[vb, vq, vh, vl, vp], attn[vb, vq, vh, vl, vp])
                 T.writes(rows[vb, vq, vh, vl, vp, vk], weight[vb, vq, vh, vl, vp, vk])
-                corner(shapes, lsi, loc, rows, weight, None, None, vb, vq, vh, vl, vp, vk, K)
+                corner(shapes, lsi, y0s, x0s, lhs, lws, rows, weight, vb, vq, vh, vl, vp, vk, K)
                 weight[vb, vq, vh, vl, vp, vk] = weight[vb, vq, vh, vl, vp, vk] * attn[vb, vq, vh, vl, vp]
         for b, q, h, c, l, p, k in T.grid(B, Q, H, C, L, P, 4):
             with T.sblock("output"):

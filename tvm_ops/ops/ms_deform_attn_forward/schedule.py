@@ -1,8 +1,9 @@
 """Schedule recipes for ms_deform_attn_forward (knobs: schedules/ms_deform_attn_forward.yaml).
 
 Kernels: forward and forward_private, and their *_fixed_c twins (C compiled in). The
-compute (compute.py) is a corner block and a gather reduction; both targets schedule it
-here, with the corner rows and weights computed next to the loads that use them.
+compute (compute.py) is a sample block, a corner block and a gather reduction; both targets
+schedule it here, with each sample's cell and its corners' rows and weights computed next
+to the loads that use them.
 """
 
 from __future__ import annotations
@@ -40,9 +41,21 @@ def llvm(sch, kernel, model, plan):
     if fixed:
         sch.unroll(c_o)
     sch.decompose_reduction(out, l)
+    _samples_at(sch, p, None)
+
+
+def _samples_at(sch, p, scope):
+    """Each sample's cell, then its four corners, computed at the point loop `p` of the
+    output (in `scope` where not None: CUDA's registers), the corner loop unrolled."""
     corner = sch.get_sblock("corner")
     sch.compute_at(corner, p)
     sch.unroll(sch.get_loops(corner)[-1])
+    sample = sch.get_sblock("sample")
+    sch.compute_at(sample, p)
+    if scope is not None:
+        for block, buffers in ((corner, 2), (sample, 4)):
+            for buffer in range(buffers):
+                sch.set_scope(block, buffer, scope)
 
 
 def _vectorized(sch, loop, lanes, fixed):
@@ -77,8 +90,4 @@ def cuda(sch, kernel, model, plan):
     acc = sch.cache_write(out, 0, "local")
     sch.reverse_compute_at(acc, c_o)
     sch.decompose_reduction(out, l)
-    corner = sch.get_sblock("corner")
-    sch.compute_at(corner, p)
-    for buffer in range(2):
-        sch.set_scope(corner, buffer, "local")
-    sch.unroll(sch.get_loops(corner)[-1])
+    _samples_at(sch, p, "local")
