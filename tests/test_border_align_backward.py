@@ -1,5 +1,6 @@
 """border_align_backward: spec cases, properties, checks, guard regions, out= and interop."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -253,9 +254,23 @@ def cpu_knob_variants():
                 yield {**sched.defaults, knob: value}
 
 
-# the float32 tests below build every float32 CPU knob variant (~17 s each): on one worker
-# the second finds them built
+# the float32 tests below run every float32 CPU knob variant (~17 s of build each): on one
+# worker, whose process keeps the loaded libraries (cpu_variant_kernels)
 KNOB_VARIANTS = pytest.mark.xdist_group("border_align_backward_float32_knob_variants")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_variant_kernels(dtype):
+    """(knobs, kernels) of each llvm knob variant, built or loaded once per process."""
+    from tvm_ops import targets
+
+    model = targets.resolve("llvm")
+    loaded = []
+    for knobs in cpu_knob_variants():
+        variant = build.Variant(OP, dtype, model, knobs, "test")
+        entry = build.find_entry(variant) or build.build_entry(variant, paths.cache_dir())
+        loaded.append((knobs, build.load(entry, OP)))
+    return tuple(loaded)
 
 
 @pytest.mark.parametrize("dtype", [pytest.param("float32", marks=KNOB_VARIANTS), "float16"])
@@ -271,15 +286,11 @@ def test_cpu_result_bits_do_not_depend_on_the_knobs(dtype):
 
 def same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype):
     """Each llvm knob variant's kernels, twice: all the same bits, and the reference's values."""
-    from tvm_ops import targets
     from tvm_ops.ops.border_align_backward import SCATTER, TAIL
 
     n, c = go.shape[0], go.shape[3]
-    model = targets.resolve("llvm")
     results = []
-    for knobs in cpu_knob_variants():
-        variant = build.Variant(OP, dtype, model, knobs, "test")
-        kernels = build.load(build.find_entry(variant) or build.build_entry(variant, paths.cache_dir()), OP)
+    for knobs, kernels in cpu_variant_kernels(dtype):
         lanes = knobs["owner_lanes"]
         for _ in range(2):
             out = np.full((n, h, w, 4 * c), np.nan, dtype)
