@@ -56,7 +56,9 @@ def exact_position(dtype: str):
 def corner_macro(dtype: str, position, derivatives: bool = True):
     """Corner k = (ky, kx) = (k // 2, k % 2) of sample (b, q, h, l, p):
     rows = its value row (-1: unused corner or skipped sample), w = its bilinear weight,
-    and with `derivatives` dx / dy = dw/dlw and dw/dlh (zero when unused)."""
+    and with `derivatives` dx / dy = dw/dlw and dw/dlh (zero when unused). The backward's
+    form; the forward runs the same rule in two halves (cell_macro, corner_of_cell_macro),
+    and the tests check both directions pick the same corners and weights."""
     zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
 
     @T.macro
