@@ -11,12 +11,26 @@ def test_a_case_is_held_to_the_level_its_bytes_fit_in():
     l2, l3 = targets.cache_bytes(2), targets.cache_bytes(3)
     if not (l2 and l3):
         pytest.skip("the OS does not give this CPU's cache sizes")
-    stream = 1e9  # a placeholder DRAM bandwidth: every cache level copies faster
-    name, bandwidth = bench.roofline(model, l2 * model.cores / 4, stream)
-    assert name == "L2" and bandwidth >= stream
-    assert bench.roofline(model, l3 / 4, stream)[0] == "L3"
-    assert bench.roofline(model, l3, stream) == ("DRAM", stream)
-    assert bench.roofline(targets.cuda("sm_90"), 1024, stream) == ("DRAM", stream)
+    assert bench.cache_level(model, l2 * model.cores / 4) == "L2"
+    assert bench.cache_level(model, l3 / 4) == "L3"
+    assert bench.cache_level(model, l3) is None
+    stream = 1e6  # a placeholder DRAM bandwidth: every cache level copies faster
+    bound = bench.bytes_roofline(model, l2 * model.cores / 4, stream, repeat=1)
+    assert bound.name == "L2" and bound.bandwidth(bench.interleaved_medians(bound.timings, 1)) > stream
+    gpu = bench.bytes_roofline(targets.cuda("sm_90"), 1024, stream, repeat=1)
+    assert (gpu.name, gpu.timings, gpu.bandwidth({})) == ("DRAM", {}, stream)  # measured once per run
+
+
+def test_interleaved_timings_each_run_their_rounds_in_turn():
+    order = []
+
+    def timed(name, seconds, library, rounds):
+        return bench.Timed(lambda: order.append(name) or seconds, library, rounds)
+
+    medians = bench.interleaved_medians({"case": timed("case", 2.0, "tvm", 3), "peer": timed("peer", 5.0, "torch", 2),
+                                         "copy": timed("copy", 1.0, "tvm", 3)}, 3)
+    assert order == ["case", "peer", "copy"] * 2 + ["case", "copy"]
+    assert medians == {"case": 2.0, "peer": 5.0, "copy": 1.0}
 
 
 def test_the_compute_peak_is_measured_and_below_the_nominal_one():

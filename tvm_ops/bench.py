@@ -9,12 +9,19 @@ that level's bandwidth, measured in the same run by the same copy kernel over a 
 of the case's size (the data stays in the cache between repeats, as the case's does).
 Where a case is bound by where its bytes are rather than how many (corner gathers: the
 testing module's `access_pattern`), the roofline is the time of its accesses alone, in
-its kernel's order (tvm_ops/access_pattern.py), measured in the same run."""
+its kernel's order (tvm_ops/access_pattern.py), measured in the same run.
+
+A case, its peers and its roofline are timed in turn, a warm block of each per round
+(`interleaved_medians`): on a shared host the slow spells fall on all of them, so the
+ratio and the efficiency hold where the absolute times move (measured one after the
+other, a case timed in a slow spell read above 100% of a roofline timed in a quiet one)."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -23,7 +30,7 @@ from . import access_pattern, checks, dispatch, host_buffers, records, runner
 from .targets import TargetModel
 from .testing import material
 
-STREAM_ELEMENTS = 32 * 1024 * 1024  # 128 MiB per buffer: far beyond the caches
+STREAM_BYTES = 2 * 128 * 1024 * 1024  # read + written: two 128 MiB buffers, far beyond the caches
 
 
 @dataclass
@@ -60,18 +67,31 @@ class BenchLine:
 
 
 BLOCK_SECONDS = 2e-3  # each repeat times calls back to back for at least this long
-# calls run untimed for this long first: after an idle wait (settle) the first milliseconds
-# of a 0.4 ms call ran 20-30% slower (caches, clocks and the thread pool waking up)
+# calls run untimed for this long before each timed block: after an idle wait (settle) or
+# another kernel's block the first milliseconds of a 0.4 ms call ran 20-30% slower (caches,
+# clocks and the thread pool waking up)
 WARM_SECONDS = 0.02
 
 
-def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECONDS) -> float:
-    """Median seconds of one call of fn over `repeat` repeats; a repeat times as many calls
-    back to back as last ~block_seconds (one call of a microsecond case is mostly timer and
-    scheduler noise) and counts their mean, after WARM_SECONDS of untimed calls. `sync` runs
-    before each repeat and after each call (a GPU call is timed to its end, never overlapped
-    with the next). block_seconds 0: single calls, no warm-up (the tuner's spread)."""
-    def block(number: int) -> float:
+@dataclass
+class Timed:
+    """One thing a case times: `block()` runs it warm, back to back for ~BLOCK_SECONDS, and
+    returns seconds per run; `library` is whose worker threads it wakes (tvm or torch);
+    it takes part in the first `rounds` rounds of interleaved_medians."""
+    block: Callable[[], float]
+    library: str
+    rounds: int
+
+
+def call_timing(fn, sync=None) -> Callable[[], float]:
+    """A block timer of the Python callable fn (`sync` runs before a block and after each
+    call: a GPU call is timed to its end, never overlapped with the next)."""
+    return _warmed_blocks(_runs(fn, sync))
+
+
+def _runs(fn, sync) -> Callable[[int], float]:
+    """run(number): seconds per call of `number` calls of fn back to back."""
+    def run(number: int) -> float:
         if sync is not None:
             sync()  # nothing queued before may count against this run
         start = time.perf_counter()
@@ -81,13 +101,62 @@ def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECO
                 sync()
         return (time.perf_counter() - start) / number
 
+    return run
+
+
+def kernel_timing(lib, name: str, dev, args: list) -> Callable[[], float]:
+    """A block timer of the TVM function lib[name](*args), timed by TVM's time_evaluator (a
+    microsecond kernel is not timed through Python)."""
+    evaluators: dict = {}
+
+    def run(number: int) -> float:
+        if number not in evaluators:
+            evaluators[number] = lib.time_evaluator(name, dev, number=number, repeat=1)
+        return evaluators[number](*args).mean
+
+    return _warmed_blocks(run)
+
+
+def _warmed_blocks(run: Callable[[int], float]) -> Callable[[], float]:
+    """block(): WARM_SECONDS of untimed runs (none for a run longer than that), then as many
+    runs as last ~BLOCK_SECONDS; their mean."""
+    once = max(run(1), 1e-7)
+    number, warm = max(1, int(BLOCK_SECONDS / once)), int(WARM_SECONDS / once)
+
+    def block() -> float:
+        if warm:
+            run(warm)
+        return run(number)
+
+    return block
+
+
+def interleaved_medians(timings: dict, repeat: int) -> dict:
+    """{name: median seconds per run} of each Timed in `timings`, a block of each in turn per
+    round: a slow spell of a shared host falls on the case and its peers and rooflines alike,
+    so their ratios hold where their absolute times do not. The other library's workers are
+    let settle where one library's block follows the other's."""
+    samples: dict = {name: [] for name in timings}
+    last = None
+    for round_ in range(repeat):
+        for name, timed in timings.items():
+            if round_ >= timed.rounds:
+                continue
+            if timed.library != last:  # the first block too: the previous case's peers
+                settle()
+            samples[name].append(timed.block())
+            last = timed.library
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECONDS) -> float:
+    """Median seconds of one call of fn over `repeat` warm blocks (call_timing).
+    block_seconds 0: single calls, no warm-up (the tuner's spread)."""
     if block_seconds <= 0:
-        return statistics.median(block(1) for _ in range(repeat))
-    start = time.perf_counter()
-    number = max(1, int(block_seconds / max(block(1), 1e-7)))
-    while time.perf_counter() - start < WARM_SECONDS:
-        block(number)
-    return statistics.median(block(number) for _ in range(repeat))
+        run = _runs(fn, sync)
+        return statistics.median(run(1) for _ in range(repeat))
+    block = call_timing(fn, sync)
+    return statistics.median(block() for _ in range(repeat))
 
 
 SETTLE_SECONDS = 0.1
@@ -104,38 +173,29 @@ def settle() -> None:
 def stream_bandwidth(model: TargetModel, repeat: int = 10) -> float:
     """Bytes/s of a parallel, vectorised TVM copy kernel (read + write) on this target, over
     buffers far beyond the caches."""
-    return copy_bandwidth(model, 2 * STREAM_ELEMENTS * 4, repeat)
+    moved, block = copy_timing(model, STREAM_BYTES)
+    return moved / statistics.median(block() for _ in range(repeat))
 
 
-def copy_bandwidth(model: TargetModel, nbytes: int, repeat: int = 10) -> float:
-    """Bytes/s read + written by the copy kernel moving `nbytes` in all (nbytes / 2 copied),
-    each repeat timed over enough runs to last ~2 ms."""
-    import tvm
-
+def copy_timing(model: TargetModel, nbytes: int) -> tuple[int, Callable[[], float]]:
+    """(bytes read + written per run, block timer) of the copy kernel moving ~`nbytes` in all
+    (nbytes / 2 copied)."""
     lib, dev = _copy_kernel(model)
-    rows = max(1, nbytes // 2 // (_COPY_ROW * 4))
-    a = tvm.runtime.tensor(np.ones((rows, _COPY_ROW), "float32"), dev)
-    b = tvm.runtime.empty((rows, _COPY_ROW), "float32", dev)
-    return 2 * rows * _COPY_ROW * 4 / sustained_median(lib, lib.entry_name, dev, [a, b], repeat)
+    return 2 * _copy_rows(nbytes) * _COPY_ROW * 4, kernel_timing(lib, lib.entry_name, dev, _copy_buffers(model, nbytes))
 
 
-def sustained_median(lib, name: str, dev, args: list, repeat: int) -> float:
-    """Median seconds of one call of lib[name](*args), each repeat timed over enough calls to
-    last ~BLOCK_SECONDS (a microsecond kernel is not timed by one call), after WARM_SECONDS of
-    untimed calls, as median_seconds times the cases."""
-    once = lib.time_evaluator(name, dev, number=1, repeat=1)(*args).mean
-    lib.time_evaluator(name, dev, number=max(1, int(WARM_SECONDS / max(once, 1e-7))), repeat=1)(*args)  # warm-up
-    number = max(1, int(BLOCK_SECONDS / max(once, 1e-7)))
-    return lib.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
+def _copy_rows(nbytes: int) -> int:
+    return max(1, nbytes // 2 // (_COPY_ROW * 4))
 
 
-def pattern_seconds(model: TargetModel, pattern, repeat: int) -> float:
-    """Seconds of an access pattern on this CPU: the median of its fastest prefetch distance."""
+@functools.lru_cache(maxsize=2)  # the stream's 256 MiB, allocated once per process, and a case's
+def _copy_buffers(model: TargetModel, nbytes: int) -> list:
     import tvm
 
-    args = access_pattern.timing_arguments(pattern)
-    return min(sustained_median(access_pattern.kernel(model, pattern, ahead), "pattern", tvm.cpu(), args, repeat)
-               for ahead in access_pattern.AHEADS)
+    _, dev = _copy_kernel(model)
+    rows = _copy_rows(nbytes)
+    return [tvm.runtime.tensor(np.ones((rows, _COPY_ROW), "float32"), dev),
+            tvm.runtime.empty((rows, _COPY_ROW), "float32", dev)]
 
 
 def host_cpu(model: TargetModel) -> bool:
@@ -182,18 +242,55 @@ def _copy_kernel(model: TargetModel):
     return _copy_kernels[model.key]
 
 
-def roofline(model: TargetModel, io_bytes: float, stream: float) -> tuple[str, float]:
-    """(name, bytes/s) of the bandwidth bound of a case moving io_bytes: the level whose half
-    holds them (all cores' L2, then the L3), measured at that size, else DRAM (`stream`)."""
+@dataclass
+class Roofline:
+    """What bounds a case, timed beside it: `name` (L2, L3, DRAM or an access pattern),
+    the bytes each run of its timings moves, the timings (the fastest one's median is its
+    time) and a bandwidth it is at least (a cache level's: the DRAM stream)."""
+    name: str
+    moved: float
+    timings: dict
+    floor: float = 0.0
+
+    def bandwidth(self, medians: dict) -> float:
+        if not self.timings:
+            return self.floor
+        return max(self.moved / min(medians[name] for name in self.timings), self.floor)
+
+
+def cache_level(model: TargetModel, io_bytes: float) -> str | None:
+    """The level of this CPU's caches whose half holds io_bytes (all the model's cores' L2,
+    then the L3), None for DRAM."""
     from .targets import cache_bytes
 
-    if not host_cpu(model):
-        return "DRAM", stream
     l2, l3 = cache_bytes(2), cache_bytes(3)
     for name, size in (("L2", l2 * model.cores if l2 else None), ("L3", l3)):
         if size and io_bytes <= size / 2:
-            return name, max(copy_bandwidth(model, int(io_bytes)), stream)
-    return "DRAM", stream
+            return name
+    return None
+
+
+def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: int) -> Roofline:
+    """The copy kernel at the case's size where a cache level holds its bytes (data staying
+    in the cache between runs, as the case's does), else over the stream's buffers; another
+    target than this CPU: `stream`, measured once (its rooflines are not measured per case)."""
+    if not host_cpu(model):
+        return Roofline("DRAM", 0.0, {}, stream)
+    level = cache_level(model, io_bytes)
+    moved, block = copy_timing(model, int(io_bytes) if level else STREAM_BYTES)
+    return Roofline(level or "DRAM", moved, {"roofline copy": Timed(block, "tvm", repeat)}, stream if level else 0.0)
+
+
+def pattern_roofline(model: TargetModel, pattern, io_bytes: float, repeat: int) -> Roofline:
+    """The case's accesses alone (tvm_ops/access_pattern.py), each prefetch distance timed:
+    the fastest is the roofline."""
+    import tvm
+
+    args = access_pattern.timing_arguments(pattern)
+    timings = {f"roofline {pattern.name} ahead {ahead}":
+               Timed(kernel_timing(access_pattern.kernel(model, pattern, ahead), "pattern", tvm.cpu(), args), "tvm",
+                     repeat) for ahead in access_pattern.AHEADS}
+    return Roofline(pattern.name, io_bytes, timings)
 
 
 FMA_CHAINS = 12  # independent accumulators per core: enough to cover the FMA latency
@@ -241,6 +338,8 @@ def peak_flops(model: TargetModel) -> float | None:
 
 
 def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repeat: int, peer: bool) -> BenchLine:
+    """The public call on the case's inputs, its PyTorch peers and its roofline, timed in
+    turn (interleaved_medians); `bandwidth`: the run's stream bandwidth, measured once."""
     inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
     inputs = {name: line_aligned(value) for name, value in inputs.items()}
     on_target = runner.to_target(model, inputs)
@@ -251,33 +350,30 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
         sync = torch.cuda.synchronize
     call = lambda: op.call(on_target, params, model, {})  # noqa: E731 - a timed thunk
     call()  # build or load the kernels outside the timing
-    settle()  # the previous case's peers
-    seconds = median_seconds(call, repeat, sync)
     io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize, params)
-    peak = peak_flops(model)
-    peers = {}
-    if peer:
-        settle()
-        peers = time_peers(op, inputs, params, model, repeat, sync)
-        settle()  # before the rooflines below
+    timings = {"case": Timed(call_timing(call, sync), "tvm", repeat)}
+    peers = peer_timings(op, inputs, params, model, max(3, repeat // 2), sync) if peer else {}
+    pattern_of = getattr(material(op), "access_pattern", None)
+    pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
+    # the case's accesses themselves (its streams included) where its bytes are not what
+    # bounds it (or overstate it: a gather need not touch every row of its table)
+    bound = (pattern_roofline(model, pattern, io_bytes, repeat) if pattern is not None
+             else bytes_roofline(model, io_bytes, bandwidth, repeat))
+    medians = interleaved_medians({**timings, **peers, **bound.timings}, repeat)
+    seconds, bound_bandwidth = medians["case"], bound.bandwidth(medians)
+    peer_ms = {name.removeprefix("peer "): medians[name] * 1e3 for name in peers}
     # the ratio is against the fastest formulation of this run, whichever it is
-    main_peer = min(peers, key=peers.get, default=None)
-    peer_ms = peers.pop(main_peer) if main_peer else None
+    main_peer = min(peer_ms, key=peer_ms.get, default=None)
+    main_ms = peer_ms.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
     one_core = dispatch.runs_on_one_core(op.spec, problem, model)
-    bound, bound_bandwidth = roofline(model, io_bytes, bandwidth)
-    pattern_of = getattr(material(op), "access_pattern", None)
-    pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
-    if pattern is not None:
-        # the case's accesses themselves (its streams included), where its bytes are not
-        # what bounds it (or overstate it: a gather need not touch every row of its table)
-        bound, bound_bandwidth = pattern.name, io_bytes / pattern_seconds(model, pattern, repeat)
+    peak = peak_flops(model)
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,
         io_bytes / seconds / bound_bandwidth, (ops / seconds / peak) if ops and peak else None,
-        peer_ms, (peer_ms / 1e3 / seconds) if peer_ms else None, peers, main_peer, bound, bound_bandwidth / 1e9,
-        one_core)
+        main_ms, (main_ms / 1e3 / seconds) if main_ms else None, peer_ms, main_peer, bound.name,
+        bound_bandwidth / 1e9, one_core)
 
 
 def line_aligned(value):
@@ -291,18 +387,27 @@ def line_aligned(value):
     return aligned
 
 
-def time_peers(op, inputs: dict, params: dict, model: TargetModel, repeat: int, sync) -> dict:
-    """{name: median ms} of the op's PyTorch eager peers, on the target's device (CPU or GPU)."""
+def peer_timings(op, inputs: dict, params: dict, model: TargetModel, rounds: int, sync) -> dict:
+    """{"peer NAME": Timed} of the op's PyTorch eager formulations, on the target's device
+    (CPU or GPU), each run under that device (the tensors they make land there)."""
     try:
         import torch
     except ImportError:
         return {}
-    peers = {}
-    with torch.device("cuda" if model.kind == "cuda" else "cpu"):
+    device = torch.device("cuda" if model.kind == "cuda" else "cpu")
+    timings = {}
+    with device:
         for name, run_peer in material(op).peers(inputs, params).items():
             run_peer()
-            peers[name] = median_seconds(run_peer, max(3, repeat // 2), sync) * 1e3
-    return peers
+            timings[f"peer {name}"] = Timed(_under(device, call_timing(run_peer, sync)), "torch", rounds)
+    return timings
+
+
+def _under(device, block):
+    def run():
+        with device:
+            return block()
+    return run
 
 
 def as_json(lines: list[BenchLine], bandwidth: float, model: TargetModel) -> dict:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import runner
-from .bench import median_seconds, peak_flops, settle
+from .bench import Timed, call_timing, interleaved_medians, peak_flops
 from .ops import get
 from .targets import TargetModel
 from .testing import material
@@ -58,12 +58,12 @@ def _timed(function, case, ours, peer, peer_name, leaves, grad, costs, repeat, d
         return run
 
     for mode, wrap in (("forward", no_grad), ("train", step)):
-        timed = {}
-        for name, fn in (("tvm_ops", ours), (peer_name, peer)):
+        timings = {}
+        for name, fn, library, rounds in (("tvm_ops", ours, "tvm", repeat), (peer_name, peer, "torch", max(3, repeat // 2))):
             run = wrap(fn)
             run()  # build or load kernels, warm the allocator
-            settle()  # the other library's worker threads
-            timed[name] = median_seconds(run, repeat if name == "tvm_ops" else max(3, repeat // 2), sync)
+            timings[name] = Timed(call_timing(run, sync), library, rounds)
+        timed = interleaved_medians(timings, repeat)
         seconds = timed["tvm_ops"]
         io, ops = costs[mode]
         yield FunctionLine(function, case.name, mode, seconds * 1e3, io / seconds / bandwidth,
