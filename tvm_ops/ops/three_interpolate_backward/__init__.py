@@ -12,8 +12,11 @@ never write the same element (no atomics, the same bits on every run).
       grad_output staged by register transposes, which no schedule of the compute emits);
       `_narrow` is the TensorIR compute with one channel per owner, for few channels
       against many rows (see launch).
-  CUDA: the TensorIR compute (compute.tiled_compute), a block per owner; every name holds
-      the same kernel but `_narrow` (one channel), and launch runs the first.
+  CUDA: `_scatter` (compute.scatter_compute, mmcv's plan): a thread per (b, c, n) adds its
+      three terms by float32 atomicAdd into the zero-filled output (float16: into a float32
+      accumulator that `_cast` rounds once), so the sums are not bit-deterministic. With the
+      schedule file's knob `kernel: owner`, the TensorIR owners (compute.tiled_compute, a
+      block each; deterministic), which `three_interpolate_backward` and `_vector` hold.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from ... import policy
 from ..base import Operator
 from . import schedule
-from .compute import KERNELS, tiled_compute, transposed_compute
+from .compute import KERNELS, cast_compute, scatter_compute, tiled_compute, transposed_compute
 
 WIDE_SHARE = 4  # measured: docs/kernels/three_interpolate_backward.md
 
@@ -66,12 +69,17 @@ class ThreeInterpolateBackward(Operator):
             m_tile = min(m_tile, int(knobs["m_tile_max"]))
         # task split: the B x ceil(M / Mo) x ceil(C / Co) owners go to the cores (TVM's parallel
         # loop on the CPU, one block each on CUDA); the tiles live in the policy's scope
-        return {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope}
+        plan = {"m_tile": m_tile, "c_tile": c_tile, "n_tile": n_tile, "scope": pol.scope}
+        if model.kind == "cuda":
+            pol.warps(int(knobs["threads"]))  # the scatter's blocks: whole warps
+            plan.update(kernel=knobs["kernel"], threads=int(knobs["threads"]))
+        return plan
 
     def computes(self, dtype, plan, model):
-        wide, vector, narrow = KERNELS
+        wide, vector, narrow, scatter, cast = KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
-        kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}
+        kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow),
+                   scatter: scatter_compute(dtype, scatter), cast: cast_compute(dtype, cast)}
         if model.kind == "llvm":
             lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
             kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
@@ -81,9 +89,39 @@ class ThreeInterpolateBackward(Operator):
             kernels[vector] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, vector)
         return kernels
 
+    def workspaces(self, problem, plan):
+        if not _scatters(problem, plan) or problem.dtype == "float32":
+            return {}
+        s = problem.sizes  # float16: the atomics add in float32, `_cast` rounds once
+        return {"accumulator": ((s["B"], s["C"], s["M"]), "float32")}
+
+    def zeroed(self, problem, plan):
+        if not _scatters(problem, plan):
+            return ()  # the owners zero their tiles
+        return ("grad_features",) if problem.dtype == "float32" else ("accumulator",)
+
     def launch(self, kernels, problem, tensors):
-        name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else KERNELS[0]
-        kernels[name](tensors["grad_output"], tensors["indices"], tensors["weights"], tensors["grad_features"])
+        go, idx, w, out = (tensors[t] for t in ("grad_output", "indices", "weights", "grad_features"))
+        if problem.device == "cpu":
+            kernels[cpu_kernel(problem.sizes, kernels.plan)](go, idx, w, out)
+        elif not _scatters(problem, kernels.plan):
+            kernels[KERNELS[0]](go, idx, w, out)
+        else:
+            acc = tensors.get("accumulator", out)
+            kernels[KERNELS[3]](go, idx, w, acc)
+            if acc is not out:
+                kernels[KERNELS[4]](acc, out)
+
+
+GRID_YZ = 65535  # CUDA's largest grid y and z: the scatter's C and B
+
+
+def _scatters(problem, plan) -> bool:
+    """Whether the call runs the atomic scatter (CUDA, the schedule file's `kernel`, C and B
+    within its grid; else the owners)."""
+    sizes = problem.sizes
+    return (problem.device != "cpu" and plan.get("kernel") == "atomic"
+            and sizes["C"] <= GRID_YZ and sizes["B"] <= GRID_YZ)
 
 
 OP = ThreeInterpolateBackward()

@@ -1,9 +1,12 @@
-"""Kernels of three_interpolate_backward: mlu-ops' owner-computes plan.
+"""Kernels of three_interpolate_backward: mlu-ops' owner-computes plan, and a scatter.
 
 An owner is a (batch, M-block, C-block) tile of grad_features that accumulates in a
 float32 on-chip tile while walking all of N, so owners never write the same element.
 `tiled_compute` is the TensorIR compute (CUDA, and the CPU's one-channel kernel);
-`transposed_compute` the CPU kernel written in its scheduled form (why: its docstring).
+`transposed_compute` the CPU kernel written in its scheduled form (why: its docstring);
+`scatter_compute` each (b, c, n, k) term added into a float32 accumulator, which the CUDA
+schedule turns into atomicAdd (ops/atomics.py; mmcv's plan), and `cast_compute` its
+rounding for float16.
 """
 
 from __future__ import annotations
@@ -11,7 +14,51 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow")
+KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow",
+           "three_interpolate_backward_scatter", "three_interpolate_backward_cast")
+
+
+def scatter_compute(dtype: str, name: str):
+    """acc[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k] (in float32) for
+    every term whose index is in [0, M), into an acc the caller zero-filled: grad_features
+    itself in float32, a float32 accumulator that cast_compute rounds once for float16 (half
+    adds would round at every term). The terms meet at random elements in no fixed order:
+    the CUDA schedule makes each add atomic (not bit-deterministic)."""
+    @T.prim_func(s_tir=True)
+    def three_interpolate_backward_scatter(go_h: T.handle, idx_h: T.handle, w_h: T.handle, acc_h: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        B, C, N, M = T.int32(), T.int32(), T.int32(), T.int32()
+        grad_output = T.match_buffer(go_h, (B, C, N), dtype)
+        indices = T.match_buffer(idx_h, (B, N, 3), "int32")
+        weights = T.match_buffer(w_h, (B, N, 3), dtype)
+        acc = T.match_buffer(acc_h, (B, C, M), "float32")
+        for b, c, n, k in T.grid(B, C, N, 3):
+            with T.sblock("scatter"):
+                vb, vc, vn, vk = T.axis.remap("SSRR", [b, c, n, k])
+                T.reads(grad_output[vb, vc, vn], indices[vb, vn, vk], weights[vb, vn, vk], acc[vb, vc, 0:M])
+                T.writes(acc[vb, vc, 0:M])
+                m = T.Bind(indices[vb, vn, vk])
+                if 0 <= m and m < M:
+                    acc[vb, vc, m] = acc[vb, vc, m] + T.Cast("float32", grad_output[vb, vc, vn]) * T.Cast(
+                        "float32", weights[vb, vn, vk])
+
+    return three_interpolate_backward_scatter
+
+
+def cast_compute(dtype: str, name: str):
+    """grad_features = the float32 accumulator rounded once to dtype."""
+    @T.prim_func(s_tir=True)
+    def three_interpolate_backward_cast(acc_h: T.handle, out_h: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        B, C, M = T.int32(), T.int32(), T.int32()
+        acc = T.match_buffer(acc_h, (B, C, M), "float32")
+        grad_features = T.match_buffer(out_h, (B, C, M), dtype)
+        for b, c, m in T.grid(B, C, M):
+            with T.sblock("cast"):
+                vb, vc, vm = T.axis.remap("SSS", [b, c, m])
+                grad_features[vb, vc, vm] = T.Cast(dtype, acc[vb, vc, vm])
+
+    return three_interpolate_backward_cast
 
 
 def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str, name: str):

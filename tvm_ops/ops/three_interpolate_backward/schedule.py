@@ -1,7 +1,10 @@
 """Schedule recipes for three_interpolate_backward (knobs: schedules/three_interpolate_backward.yaml)."""
 
 
+from ..atomics import atomicize
 from .compute import KERNELS
+
+SCATTER, CAST = KERNELS[3:]
 
 
 def llvm(sch, kernel, model, plan):
@@ -10,6 +13,8 @@ def llvm(sch, kernel, model, plan):
     # their scheduled form (compute.transposed_compute): only their tasks go parallel here.
     if kernel not in KERNELS:
         raise KeyError(kernel)
+    if kernel in (SCATTER, CAST):  # built as written so every library has every name; never launched on the CPU
+        return
     if kernel != "three_interpolate_backward_narrow":
         (task,) = sch.get_loops(sch.get_sblock("task"))
         sch.parallel(task)
@@ -21,6 +26,24 @@ def llvm(sch, kernel, model, plan):
 
 
 def cuda(sch, kernel, model, plan):
+    if kernel == SCATTER:
+        # a thread per (b, c, n), its three terms unrolled, each an atomicAdd; b and c on
+        # their own grid axes (a fused index would divide by N and C in every thread), n over
+        # blockIdx.x and the threads (a warp reads consecutive grad_output words)
+        atomicize(sch, "scatter", "add")
+        b, c, n, k = sch.get_loops(sch.get_sblock("scatter"))
+        blocks, threads = sch.split(n, [None, plan["threads"]])
+        sch.bind(b, "blockIdx.z")
+        sch.bind(c, "blockIdx.y")
+        sch.bind(blocks, "blockIdx.x")
+        sch.bind(threads, "threadIdx.x")
+        sch.unroll(k)
+        return
+    if kernel == CAST:  # float16: a thread per element of the flat [B, C, M]
+        blocks, threads = sch.split(sch.fuse(*sch.get_loops(sch.get_sblock("cast"))), [None, plan["threads"]])
+        sch.bind(blocks, "blockIdx.x")
+        sch.bind(threads, "threadIdx.x")
+        return
     # one thread block per owner, one thread per channel of the tile; acc and the
     # staged grad_output slice sit in shared memory (plan["scope"]).
     batch, m_block, c_block = sch.get_loops(sch.get_sblock("tile"))
