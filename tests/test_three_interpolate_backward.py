@@ -73,7 +73,9 @@ def test_narrow_and_wide_kernels_agree_with_the_reference(c, dtype):
 
 
 def test_one_kernel_serves_many_shapes():
-    tvm_ops.three_interpolate_backward(*inputs(1, 3, 5, 2), 2)  # loaded or built once
+    # a small call and a large one: the one-core build and the parallel one (the policy's choice)
+    tvm_ops.three_interpolate_backward(*inputs(1, 3, 5, 2), 2)
+    tvm_ops.three_interpolate_backward(*inputs(2, 64, 300, 500), 500)
     before = build.build_count
     for shape in [(2, 17, 33, 9), (3, 64, 100, 250), (1, 1, 1, 1), (4, 40, 7, 3000)]:
         go, idx, w = inputs(*shape)

@@ -109,6 +109,7 @@ def test_m_zero_gives_zeros():
 def test_one_kernel_serves_many_shapes():
     tvm_ops.three_interpolate_forward(*inputs(1, 3, 5, 40))
     tvm_ops.three_interpolate_forward(*inputs(1, 3, 5, 2))  # the small kernel
+    tvm_ops.three_interpolate_forward(*inputs(2, 64, 300, 200))  # the parallel build
     before = build.build_count
     for shape in [(2, 17, 9, 33), (3, 64, 250, 100), (1, 1, 1, 1), (4, 5, 3000, 16), (1, 9, 8, 17)]:
         f, idx, w = inputs(*shape)

@@ -142,6 +142,7 @@ def test_one_kernel_serves_many_shapes():
     rng = np.random.default_rng(8)
     tvm_ops.three_nn(grid_points(rng, (1, 40, 3)), grid_points(rng, (1, 4, 3)))
     tvm_ops.three_nn(grid_points(rng, (1, 2, 3)), grid_points(rng, (1, 4, 3)))  # the small kernel
+    tvm_ops.three_nn(grid_points(rng, (2, 200, 3)), grid_points(rng, (2, 500, 3)))  # the parallel build
     before = build.build_count
     for b, n, m in [(2, 33, 9), (3, 100, 250), (1, 1, 3), (4, 7, 3000), (1, 64, 64)]:
         unknown, known = grid_points(rng, (b, n, 3)), grid_points(rng, (b, m, 3))

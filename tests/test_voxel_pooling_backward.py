@@ -192,7 +192,9 @@ def test_is_the_adjoint_of_the_forwards_sum(shape):
 
 # --- shapes, out= and checks -------------------------------------------------------------
 def test_one_kernel_serves_many_shapes():
+    # a small call and a large one: the one-core build and the parallel one (the policy's choice)
     tvm_ops.voxel_pooling_backward(*inputs(1, 3, 2, 2, 2))
+    tvm_ops.voxel_pooling_backward(*inputs(1, 900, 64, 16, 16))
     before = build.build_count
     for shape in [(2, 50, 16, 7, 3), (1, 1000, 33, 1, 1), (3, 17, 1, 40, 2), (1, 64, 80, 16, 16)]:
         grad, memo = inputs(*shape, garbage=0.1)

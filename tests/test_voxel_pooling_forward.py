@@ -294,7 +294,9 @@ def test_same_bits_on_every_run_and_thread_count(algorithm):
 
 
 def test_one_kernel_serves_many_shapes():
+    # a small call and a large one: the one-core build and the parallel one (the policy's choice)
     tvm_ops.voxel_pooling_forward(*inputs(1, 3, 2, 2, 2, 1), 2, 2, 1)
+    tvm_ops.voxel_pooling_forward(*inputs(2, 500, 64, 12, 12, 1), 12, 12, 1)
     before = build.build_count
     for shape in [(2, 50, 16, 7, 3, 2), (1, 1000, 33, 1, 1, 1), (3, 17, 1, 40, 2, 5), (1, 64, 80, 16, 16, 1)]:
         geom, feat = inputs(*shape, spill=3, z_spill=1)
