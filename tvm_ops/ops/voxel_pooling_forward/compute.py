@@ -239,12 +239,41 @@ def _pool_atomic(dtype: str, V: int, tail: bool):
     return pool_tail
 
 
-def computes(dtype: str, V: int, kind: str) -> dict:
+def _pool_warp(dtype: str, L: int):
+    """CUDA: a warp per point (BEVDepth's plan): its L lanes add the point's channels into
+    the (zeroed) output with atomicAdd, L at a time, so one kernel covers every C and a
+    point's coordinates are read and tested once per warp."""
+    @T.prim_func(s_tir=True)
+    def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
+        feat = T.match_buffer(feat_h, (B, N, C), dtype)
+        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
+        for b, n, lane in T.grid(B, N, L):
+            with T.sblock("pool"):
+                vb, vn, vl = T.axis.remap("SSS", [b, n, lane])
+                T.reads(geom[vb, vn, 0:3], feat[vb, vn, 0:C])
+                T.writes(out[vb, 0:Y, 0:X, 0:C])
+                x: T.let[T.int32] = geom[vb, vn, 0]
+                y: T.let[T.int32] = geom[vb, vn, 1]
+                z: T.let[T.int32] = geom[vb, vn, 2]
+                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
+                    for step in range(T.ceildiv(C - vl, L)):  # this lane's channels vl, vl + L, ...
+                        T.evaluate(T.cuda.atomic_add(T.address_of(out[vb, y, x, step * L + vl]),
+                                                     feat[vb, vn, step * L + vl]))
+    return pool
+
+
+def computes(dtype: str, V: int, kind: str, warp: str = "channels") -> dict:
     """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
     # every library holds every kernel name; the CUDA launch never calls the CPU-only sort
     # and first-touch pool, and the CPU's pool covers every channel, so its library holds
     # pool_tail only as the same function under the second name (never launched)
     shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
+    if kind == "cuda" and warp == "point":  # one kernel for every channel: pool_tail is it again
+        pool = _pool_warp(dtype, V)
+        return {"pool": pool, "pool_first_touch": pool, "pool_tail": pool, **shared}
     if kind == "cuda":
         pool = _pool_atomic(dtype, V, False)
         return {"pool": pool, "pool_first_touch": pool, "pool_tail": _pool_atomic(dtype, V, True), **shared}

@@ -58,6 +58,16 @@ def cuda(sch, kernel, model, plan):
     # a constant thread extent (the split's predicate guards the end), channels fastest so a
     # warp reads contiguous feature rows and adds into consecutive output words.
     # pool_first_touch: the CPU's; here pool under a second name, never launched
+    if kernel != "pos_memo" and plan["warp"] == "point":
+        # a warp per point: batch on blockIdx.y, points over blockIdx.x / threadIdx.y, the
+        # lanes on threadIdx.x, each lane's steps over the channels a loop in the thread
+        b, n, lane = sch.get_loops(sch.get_sblock("pool"))
+        bx, ty = sch.split(n, [None, plan["threads"] // 32])
+        sch.bind(b, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(lane, "threadIdx.x")
+        return
     block = sch.get_sblock("pool" if kernel == "pool_first_touch" else kernel)
     b, n, c = sch.get_loops(block)
     if kernel == "pos_memo":
