@@ -85,7 +85,7 @@ class VoxelPoolingForward(Operator):
             if knobs["warp"] not in WARP_PLANS:
                 raise ValueError(f"warp must be one of {', '.join(WARP_PLANS)}, got {knobs['warp']!r}")
             return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"]),
-                    "warp": knobs["warp"]}
+                    "warp": knobs["warp"], "points_per_warp": int(knobs["points_per_warp"])}
         # task split: a task owns a batch x one of R bands of its output rows; R = row_bands(),
         # "auto" = ceil(taskDim / B) at launch
         bands = knobs["row_bands"]

@@ -59,10 +59,12 @@ def cuda(sch, kernel, model, plan):
     # warp reads contiguous feature rows and adds into consecutive output words.
     # pool_first_touch: the CPU's; here pool under a second name, never launched
     if kernel != "pos_memo" and plan["warp"] == "point":
-        # a warp per point: batch on blockIdx.y, points over blockIdx.x / threadIdx.y, the
-        # lanes on threadIdx.x, each lane's steps over the channels a loop in the thread
+        # a warp per `points_per_warp` consecutive points: batch on blockIdx.y, points over
+        # blockIdx.x / threadIdx.y / a loop in the thread, the lanes on threadIdx.x, each
+        # lane's steps over the channels a loop inside that
         b, n, lane = sch.get_loops(sch.get_sblock("pool"))
-        bx, ty = sch.split(n, [None, plan["threads"] // 32])
+        bx, ty, each = sch.split(n, [None, plan["threads"] // 32, plan["points_per_warp"]])
+        sch.reorder(ty, lane, each)
         sch.bind(b, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
