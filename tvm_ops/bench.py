@@ -149,14 +149,10 @@ def interleaved_medians(timings: dict, repeat: int) -> dict:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def median_seconds(fn, repeat: int, sync=None, block_seconds: float = BLOCK_SECONDS) -> float:
-    """Median seconds of one call of fn over `repeat` warm blocks (call_timing).
-    block_seconds 0: single calls, no warm-up (the tuner's spread)."""
-    if block_seconds <= 0:
-        run = _runs(fn, sync)
-        return statistics.median(run(1) for _ in range(repeat))
-    block = call_timing(fn, sync)
-    return statistics.median(block() for _ in range(repeat))
+def single_calls_median(fn, repeat: int, sync=None) -> float:
+    """Median seconds of `repeat` single calls of fn, no warm-up (the tuner's spread)."""
+    run = _runs(fn, sync)
+    return statistics.median(run(1) for _ in range(repeat))
 
 
 SETTLE_SECONDS = 0.1

@@ -182,10 +182,10 @@ class Harness:
         # warm up (thread pool, page faults, caches) for 3 runs and at least 0.2 s
         warm, runs, start = 0.0, 0, time.perf_counter()
         while runs < 3 or time.perf_counter() - start < min(0.2, budget_s / 4):
-            warm = bench.median_seconds(lambda: self.run(kernels), 1, block_seconds=0)
+            warm = bench.single_calls_median(lambda: self.run(kernels), 1)
             runs += 1
         n = max(3, min(repeat, int(budget_s / max(warm, 1e-9))))
-        times = [bench.median_seconds(lambda: self.run(kernels), 1, block_seconds=0) for _ in range(n)]
+        times = [bench.single_calls_median(lambda: self.run(kernels), 1) for _ in range(n)]
         q1, _, q3 = statistics.quantiles(times, n=4)
         return statistics.median(times), q3 - q1
 
