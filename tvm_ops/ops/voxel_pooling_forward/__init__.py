@@ -7,9 +7,8 @@ A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
 Contract: specs/voxel_pooling_forward.yaml.
 
 Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the CPU
-`pool` or `pool_first_touch` (owner = batch x band of output rows, every channel), on CUDA `pool` (every
-channel with warp: point; else channels [0, C // V * V), and `pool_tail` for [C // V * V, C),
-launched only when C % V != 0); with the CPU's `algorithm: sort`, `sort_points` and `segment_sum` instead
+`pool` or `pool_first_touch` (owner = batch x band of output rows, every channel), on CUDA `pool`
+(a warp per point); with the CPU's `algorithm: sort`, `sort_points` and `segment_sum` instead
 (the BEVPool route; the same bits, measured slower: docs/kernels/voxel_pooling_forward.md).
 Coordinates of any int32 value are tested before the store, so nothing outside
 output_features is ever written.
@@ -22,11 +21,10 @@ output_features is ever written.
   output element is summed from zero in the order n = 0..N-1 whatever R and the thread
   count are: the bits are the same on every run, thread count and core count. A band
   reads every point's coordinates but only its own points' feature rows.
-- cuda (BEVDepth): atomicAdd into the output, zero-filled on the device before the
-  launch; a warp per point, its lanes over the channels (knob warp: point), or a thread
-  per (point, channel) with a tail kernel for C % 32 (warp: channels). TVM 0.27 has no
-  schedule primitive that turns a store into an atomic, so this target has its own
-  compute (the atomic is in it).
+- cuda (BEVDepth's plan): atomicAdd into the output, zero-filled on the device before the
+  launch; a warp walks `points_per_warp` consecutive points, its lanes over each point's
+  channels 32 apart. TVM 0.27 has no schedule primitive that turns a store into an
+  atomic, so this target has its own compute (the atomic is in it).
 """
 
 from __future__ import annotations
@@ -64,12 +62,9 @@ def first_touch(sizes: dict, plan: dict) -> bool:
     return sizes["N"] < FIRST_TOUCH_MAX_POINTS_PER_ROW * sizes["Y"] * sizes["X"]
 
 
-WARP_PLANS = ("point", "channels")  # CUDA: a warp per point, or a thread per (point, channel)
-
-
 class VoxelPoolingForward(Operator):
     name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", "pool", "pool_first_touch", "pool_tail", "sort_points", "segment_sum")
+    kernel_names = ("pos_memo", "pool", "pool_first_touch", "sort_points", "segment_sum")
     recipe = schedule
 
     def plan(self, model, knobs):
@@ -79,13 +74,11 @@ class VoxelPoolingForward(Operator):
         and the caches here), so the plan is a task split and a vector width."""
         pol = policy.for_target(model)
         if model.kind == "cuda":
-            # a warp per point (warp: point), or a thread per (point, channel) split at a warp
-            # (main | tail kernel); `threads` per block, `memo_threads` over pos_memo's points
+            # a warp per `points_per_warp` points, `threads` per block; `memo_threads` over
+            # pos_memo's points
             pol.warps(int(knobs["threads"]))
-            if knobs["warp"] not in WARP_PLANS:
-                raise ValueError(f"warp must be one of {', '.join(WARP_PLANS)}, got {knobs['warp']!r}")
-            return {"vec": compute.CUDA_VEC, "threads": int(knobs["threads"]), "memo_threads": int(knobs["memo_threads"]),
-                    "warp": knobs["warp"], "points_per_warp": int(knobs["points_per_warp"])}
+            return {"vec": compute.CUDA_LANES, "threads": int(knobs["threads"]),
+                    "memo_threads": int(knobs["memo_threads"]), "points_per_warp": int(knobs["points_per_warp"])}
         # task split: a task owns a batch x one of R bands of its output rows; R = row_bands(),
         # "auto" = ceil(taskDim / B) at launch
         bands = knobs["row_bands"]
@@ -101,7 +94,7 @@ class VoxelPoolingForward(Operator):
                 "memo_chunk": int(knobs["memo_chunk"])}
 
     def computes(self, dtype, plan, model):
-        return compute.computes(dtype, plan["vec"], model.kind, plan.get("warp", "channels"))
+        return compute.computes(dtype, plan["vec"], model.kind)
 
     def workspaces(self, problem, plan):
         s = problem.sizes
@@ -129,8 +122,6 @@ class VoxelPoolingForward(Operator):
             kernels[pool](geom, feat, out, p["num_voxel_z"], row_bands(s, plan))
             return
         kernels["pool"](geom, feat, out, p["num_voxel_z"])
-        if plan.get("warp") != "point" and s["C"] % plan["vec"]:
-            kernels["pool_tail"](geom, feat, out, p["num_voxel_z"])
 
 
 OP = VoxelPoolingForward()

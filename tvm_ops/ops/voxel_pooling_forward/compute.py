@@ -10,7 +10,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-CUDA_VEC = 32  # CUDA main/tail channel split: a warp of channels
+CUDA_LANES = 32  # CUDA: a warp's lanes walk a point's channels this many apart
 
 
 def _pos_memo():
@@ -195,50 +195,6 @@ def _segment_sum(dtype: str, V: int):
     return segment_sum
 
 
-def _pool_atomic(dtype: str, V: int, tail: bool):
-    """CUDA: every (b, n, c) adds its feature into the (zeroed) output with atomicAdd;
-    channels [0, C // V * V) for `pool`, the C % V tail for `pool_tail`."""
-    if not tail:
-        @T.prim_func(s_tir=True)
-        def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
-            T.func_attr({"tirx.noalias": True})
-            B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-            geom = T.match_buffer(geom_h, (B, N, 3), "int32")
-            feat = T.match_buffer(feat_h, (B, N, C), dtype)
-            out = T.match_buffer(out_h, (B, Y, X, C), dtype)
-            for b, n, c in T.grid(B, N, C // V * V):
-                with T.sblock("pool"):
-                    vb, vn, vc = T.axis.remap("SSS", [b, n, c])
-                    T.reads(geom[vb, vn, 0:3], feat[vb, vn, vc])
-                    T.writes(out[vb, 0:Y, 0:X, vc])
-                    x: T.let[T.int32] = geom[vb, vn, 0]
-                    y: T.let[T.int32] = geom[vb, vn, 1]
-                    z: T.let[T.int32] = geom[vb, vn, 2]
-                    if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
-                        T.evaluate(T.cuda.atomic_add(T.address_of(out[vb, y, x, vc]), feat[vb, vn, vc]))
-        return pool
-
-    @T.prim_func(s_tir=True)
-    def pool_tail(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
-        T.func_attr({"tirx.noalias": True})
-        B, N, C, Y, X = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        geom = T.match_buffer(geom_h, (B, N, 3), "int32")
-        feat = T.match_buffer(feat_h, (B, N, C), dtype)
-        out = T.match_buffer(out_h, (B, Y, X, C), dtype)
-        for b, n, c in T.grid(B, N, C % V):
-            with T.sblock("pool_tail"):
-                vb, vn, vc = T.axis.remap("SSS", [b, n, c])
-                T.reads(geom[vb, vn, 0:3], feat[vb, vn, C // V * V + vc])
-                T.writes(out[vb, 0:Y, 0:X, C // V * V + vc])
-                x: T.let[T.int32] = geom[vb, vn, 0]
-                y: T.let[T.int32] = geom[vb, vn, 1]
-                z: T.let[T.int32] = geom[vb, vn, 2]
-                if x >= 0 and x < X and y >= 0 and y < Y and z >= 0 and z < Z:
-                    T.evaluate(T.cuda.atomic_add(T.address_of(out[vb, y, x, C // V * V + vc]),
-                                                 feat[vb, vn, C // V * V + vc]))
-    return pool_tail
-
-
 def _pool_warp(dtype: str, L: int):
     """CUDA: a warp per point (BEVDepth's plan): its L lanes add the point's channels into
     the (zeroed) output with atomicAdd, L at a time, so one kernel covers every C and a
@@ -265,17 +221,13 @@ def _pool_warp(dtype: str, L: int):
     return pool
 
 
-def computes(dtype: str, V: int, kind: str, warp: str = "channels") -> dict:
+def computes(dtype: str, V: int, kind: str) -> dict:
     """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
     # every library holds every kernel name; the CUDA launch never calls the CPU-only sort
-    # and first-touch pool, and the CPU's pool covers every channel, so its library holds
-    # pool_tail only as the same function under the second name (never launched)
+    # and first-touch pool
     shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
-    if kind == "cuda" and warp == "point":  # one kernel for every channel: pool_tail is it again
-        pool = _pool_warp(dtype, V)
-        return {"pool": pool, "pool_first_touch": pool, "pool_tail": pool, **shared}
     if kind == "cuda":
-        pool = _pool_atomic(dtype, V, False)
-        return {"pool": pool, "pool_first_touch": pool, "pool_tail": _pool_atomic(dtype, V, True), **shared}
-    pool = _pool_bands(dtype, V, first_touch=False)
-    return {"pool": pool, "pool_first_touch": _pool_bands(dtype, V, first_touch=True), "pool_tail": pool, **shared}
+        pool = _pool_warp(dtype, V)
+        return {"pool": pool, "pool_first_touch": pool, **shared}
+    return {"pool": _pool_bands(dtype, V, first_touch=False), "pool_first_touch": _pool_bands(dtype, V, first_touch=True),
+            **shared}

@@ -34,7 +34,7 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(sch.fuse(b, chunk))
         sch.unroll(k)
         return
-    # pool, pool_first_touch (pool_tail: pool under a second name): owner = (batch, band of
+    # pool, pool_first_touch: owner = (batch, band of
     # output rows); channel vectors per kept point
     b, r = sch.get_loops(sch.get_sblock("band"))
     sch.parallel(sch.fuse(b, r))
@@ -54,29 +54,22 @@ def cuda(sch, kernel, model, plan):
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         return
-    # batch on blockIdx.y; (point, channel) fused and split over blockIdx.x / threadIdx.x with
-    # a constant thread extent (the split's predicate guards the end), channels fastest so a
-    # warp reads contiguous feature rows and adds into consecutive output words.
-    # pool_first_touch: the CPU's; here pool under a second name, never launched
-    if kernel != "pos_memo" and plan["warp"] == "point":
-        # a warp per `points_per_warp` consecutive points: batch on blockIdx.y, points over
-        # blockIdx.x / threadIdx.y / a loop in the thread, the lanes on threadIdx.x, each
-        # lane's steps over the channels a loop inside that
-        b, n, lane = sch.get_loops(sch.get_sblock("pool"))
-        bx, ty, each = sch.split(n, [None, plan["threads"] // 32, plan["points_per_warp"]])
-        sch.reorder(ty, lane, each)
-        sch.bind(b, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(lane, "threadIdx.x")
-        return
-    block = sch.get_sblock("pool" if kernel == "pool_first_touch" else kernel)
-    b, n, c = sch.get_loops(block)
-    if kernel == "pos_memo":
+    if kernel == "pos_memo":  # a thread per point, its three coordinates unrolled
+        b, n, c = sch.get_loops(sch.get_sblock("pos_memo"))
         bx, tx = sch.split(n, [None, plan["memo_threads"]])
         sch.unroll(c)
-    else:
-        bx, tx = sch.split(sch.fuse(n, c), [None, plan["threads"]])
+        sch.bind(b, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        return
+    # pool (pool_first_touch: the CPU's; here pool under a second name, never launched): a
+    # warp per `points_per_warp` consecutive points: batch on blockIdx.y, points over
+    # blockIdx.x / threadIdx.y / a loop in the thread, the lanes on threadIdx.x, each lane's
+    # steps over the channels a loop inside that
+    b, n, lane = sch.get_loops(sch.get_sblock("pool"))
+    bx, ty, each = sch.split(n, [None, plan["threads"] // 32, plan["points_per_warp"]])
+    sch.reorder(ty, lane, each)
     sch.bind(b, "blockIdx.y")
     sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
