@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import tvm_ops
 from tvm_ops import build, metrics
 from tvm_ops.ops import get
+from tvm_ops.ops.three_interpolate_backward.compute import CAST, OWNER_KERNELS, SCATTER
 from tvm_ops.testing import material
 
 from .conftest import requires_torch
@@ -62,13 +63,13 @@ def test_narrow_and_wide_kernels_agree_with_the_reference(c, dtype):
 
     kernels = dispatch.kernels(OP, dtype, targets.resolve("llvm"))
     go, idx, w = inputs(2, c, 300, 77, dtype, low=-5, high=90, seed=c)
-    for name in OP.kernel_names[:3]:
+    for name in OWNER_KERNELS:
         out = np.full((2, c, 77), np.nan, dtype)
         kernels[name](go, idx, w, out)
         check_against_reference(go, idx, w, 77, out, dtype)
     acc, out = np.zeros((2, c, 77), np.float32), np.full((2, c, 77), np.nan, dtype)
-    kernels[OP.kernel_names[3]](go, idx, w, acc)  # the scatter adds into a zero-filled float32 accumulator
-    kernels[OP.kernel_names[4]](acc, out)
+    kernels[SCATTER](go, idx, w, acc)  # the scatter adds into a zero-filled float32 accumulator
+    kernels[CAST](acc, out)
     check_against_reference(go, idx, w, 77, out, dtype)
 
 

@@ -131,6 +131,12 @@ def _warmed_blocks(run: Callable[[int], float]) -> Callable[[], float]:
     return block
 
 
+def peer_rounds(repeat: int) -> int:
+    """Rounds a PyTorch peer takes part in: half the case's, at least 3 (the slow peers
+    would otherwise dominate a run)."""
+    return max(3, repeat // 2)
+
+
 def interleaved_medians(timings: dict, repeat: int) -> dict:
     """{name: median seconds per run} of each Timed in `timings`, a block of each in turn per
     round: a slow spell of a shared host falls on the case and its peers and rooflines alike,
@@ -348,7 +354,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     call()  # build or load the kernels outside the timing
     io_bytes, ops = op.spec.theory(case.shape, np.dtype(dtype).itemsize, params)
     timings = {"case": Timed(call_timing(call, sync), "tvm", repeat)}
-    peers = peer_timings(op, inputs, params, model, max(3, repeat // 2), sync) if peer else {}
+    peers = peer_timings(op, inputs, params, model, peer_rounds(repeat), sync) if peer else {}
     pattern_of = getattr(material(op), "access_pattern", None)
     pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
     # the case's accesses themselves (its streams included) where its bytes are not what

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import runner
-from .bench import Timed, call_timing, interleaved_medians, peak_flops
+from .bench import Timed, call_timing, interleaved_medians, peak_flops, peer_rounds
 from .ops import get
 from .targets import TargetModel
 from .testing import material
@@ -59,7 +59,8 @@ def _timed(function, case, ours, peer, peer_name, leaves, grad, costs, repeat, d
 
     for mode, wrap in (("forward", no_grad), ("train", step)):
         timings = {}
-        for name, fn, library, rounds in (("tvm_ops", ours, "tvm", repeat), (peer_name, peer, "torch", max(3, repeat // 2))):
+        sides = (("tvm_ops", ours, "tvm", repeat), (peer_name, peer, "torch", peer_rounds(repeat)))
+        for name, fn, library, rounds in sides:
             run = wrap(fn)
             run()  # build or load kernels, warm the allocator
             timings[name] = Timed(call_timing(run, sync), library, rounds)

@@ -24,7 +24,8 @@ from __future__ import annotations
 from ... import policy
 from ..base import Operator
 from . import schedule
-from .compute import KERNELS, cast_compute, scatter_compute, tiled_compute, transposed_compute
+from .compute import (CAST, KERNELS, OWNER_KERNELS, SCATTER, cast_compute, scatter_compute, tiled_compute,
+                      transposed_compute)
 
 WIDE_SHARE = 4  # measured: docs/kernels/three_interpolate_backward.md
 
@@ -76,10 +77,10 @@ class ThreeInterpolateBackward(Operator):
         return plan
 
     def computes(self, dtype, plan, model):
-        wide, vector, narrow, scatter, cast = KERNELS
+        wide, vector, narrow = OWNER_KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
         kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow),
-                   scatter: scatter_compute(dtype, scatter), cast: cast_compute(dtype, cast)}
+                   SCATTER: scatter_compute(dtype, SCATTER), CAST: cast_compute(dtype, CAST)}
         if model.kind == "llvm":
             lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
             kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
@@ -108,9 +109,9 @@ class ThreeInterpolateBackward(Operator):
             kernels[KERNELS[0]](go, idx, w, out)
         else:
             acc = tensors.get("accumulator", out)
-            kernels[KERNELS[3]](go, idx, w, acc)
+            kernels[SCATTER](go, idx, w, acc)
             if acc is not out:
-                kernels[KERNELS[4]](acc, out)
+                kernels[CAST](acc, out)
 
 
 GRID_YZ = 65535  # CUDA's largest grid y and z: the scatter's C and B

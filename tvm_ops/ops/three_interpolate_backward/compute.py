@@ -14,8 +14,10 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow",
-           "three_interpolate_backward_scatter", "three_interpolate_backward_cast")
+# the owners (wide, one vector, narrow), then CUDA's atomic scatter and its float16 rounding
+OWNER_KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow")
+SCATTER, CAST = "three_interpolate_backward_scatter", "three_interpolate_backward_cast"
+KERNELS = OWNER_KERNELS + (SCATTER, CAST)
 
 
 def scatter_compute(dtype: str, name: str):

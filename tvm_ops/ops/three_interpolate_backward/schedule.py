@@ -2,9 +2,7 @@
 
 
 from ..atomics import atomicize
-from .compute import KERNELS
-
-SCATTER, CAST = KERNELS[3:]
+from .compute import CAST, KERNELS, SCATTER
 
 
 def llvm(sch, kernel, model, plan):

@@ -196,9 +196,10 @@ def _segment_sum(dtype: str, V: int):
 
 
 def _pool_warp(dtype: str, L: int):
-    """CUDA: a warp per point (BEVDepth's plan): its L lanes add the point's channels into
-    the (zeroed) output with atomicAdd, L at a time, so one kernel covers every C and a
-    point's coordinates are read and tested once per warp."""
+    """CUDA (BEVDepth's plan): per point, L lanes (a warp; the schedule gives each warp a run
+    of consecutive points) add its channels into the (zeroed) output with atomicAdd, L
+    apart, so one kernel covers every C and a point's coordinates are read and tested once
+    per warp."""
     @T.prim_func(s_tir=True)
     def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32):
         T.func_attr({"tirx.noalias": True})
@@ -229,5 +230,5 @@ def computes(dtype: str, V: int, kind: str) -> dict:
     if kind == "cuda":
         pool = _pool_warp(dtype, V)
         return {"pool": pool, "pool_first_touch": pool, **shared}
-    return {"pool": _pool_bands(dtype, V, first_touch=False), "pool_first_touch": _pool_bands(dtype, V, first_touch=True),
-            **shared}
+    return {"pool": _pool_bands(dtype, V, first_touch=False),
+            "pool_first_touch": _pool_bands(dtype, V, first_touch=True), **shared}
