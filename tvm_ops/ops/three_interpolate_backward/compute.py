@@ -141,29 +141,44 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
     HIGH = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j | h)) for j in range(V)] for h in (8, 4, 2, 1)}
 
     @T.macro
-    def swap_round(src, si, dst, di, h):
+    def split_round(square, g, lo, hi):
+        # the round with half-width V / 2: square[g]'s rows i and i + V / 2 into lo[i], hi[i]
         for i in T.unroll(V // 2):
-            low = T.meta_var(i // h * 2 * h + i % h)  # the i-th row with bit h clear
-            pair = T.meta_var([src[si, low, vec], src[si, low + h, vec]])
-            dst[di, low, vec] = tirx.Shuffle(pair, LOW[h])
-            dst[di, low + h, vec] = tirx.Shuffle(pair, HIGH[h])
+            pair = T.meta_var([square[g, i, vec], square[g, i + V // 2, vec]])
+            lo[i, vec] = tirx.Shuffle(pair, LOW[V // 2])
+            hi[i, vec] = tirx.Shuffle(pair, HIGH[V // 2])
 
     @T.macro
-    def transpose(square, g, x, y):
-        # square[g] (V rows of V lanes) in place, through x and y: one bit of (row, lane)
-        # swapped per round
+    def half_round(src, dst, at, h):
+        # a round with half-width h < V / 2 within one half (its rows pair among themselves)
+        # into dst's rows from `at` on: another half (at = (0,)) or square[g] (at = (g, row))
+        for i in T.unroll(V // 4):
+            low = T.meta_var(i // h * 2 * h + i % h)  # the i-th row with bit h clear
+            pair = T.meta_var([src[low, vec], src[low + h, vec]])
+            dst[(*at[:-1], at[-1] + low, vec)] = tirx.Shuffle(pair, LOW[h])
+            dst[(*at[:-1], at[-1] + low + h, vec)] = tirx.Shuffle(pair, HIGH[h])
+
+    @T.macro
+    def transpose(square, g, x_lo, x_hi, y_lo, y_hi):
+        # square[g] (V rows of V lanes) in place, one bit of (row, lane) swapped per round,
+        # through the half-squares x and y: each below TVM's stack-allocation limit (1 KiB),
+        # so LLVM keeps them in registers (a whole [V, V] float32 square is a workspace in memory)
+        split_round(square, g, x_lo, x_hi)
         if V == 16:
-            swap_round(square, g, x, 0, 8)
-            swap_round(x, 0, y, 0, 4)
-            swap_round(y, 0, x, 0, 2)
-            swap_round(x, 0, square, g, 1)
+            half_round(x_lo, y_lo, (0,), 4)
+            half_round(x_hi, y_hi, (0,), 4)
+            half_round(y_lo, x_lo, (0,), 2)
+            half_round(y_hi, x_hi, (0,), 2)
+            half_round(x_lo, square, (g, 0), 1)
+            half_round(x_hi, square, (g, V // 2), 1)
         if V == 8:
-            swap_round(square, g, x, 0, 4)
-            swap_round(x, 0, y, 0, 2)
-            swap_round(y, 0, square, g, 1)
+            half_round(x_lo, y_lo, (0,), 2)
+            half_round(x_hi, y_hi, (0,), 2)
+            half_round(y_lo, square, (g, 0), 1)
+            half_round(y_hi, square, (g, V // 2), 1)
         if V == 4:
-            swap_round(square, g, x, 0, 2)
-            swap_round(x, 0, square, g, 1)
+            half_round(x_lo, square, (g, 0), 1)
+            half_round(x_hi, square, (g, V // 2), 1)
 
     @T.prim_func(s_tir=True)
     def three_interpolate_backward(go_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -180,8 +195,10 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                 T.writes(grad_features[0:B, 0:C, 0:M])
                 acc = T.alloc_buffer((m_tile, c_tile), acc_t)
                 square = T.alloc_buffer((vectors, V, V), acc_t)
-                x = T.alloc_buffer((1, V, V), acc_t)
-                y = T.alloc_buffer((1, V, V), acc_t)
+                x_lo = T.alloc_buffer((V // 2, V), acc_t)
+                x_hi = T.alloc_buffer((V // 2, V), acc_t)
+                y_lo = T.alloc_buffer((V // 2, V), acc_t)
+                y_hi = T.alloc_buffer((V // 2, V), acc_t)
                 blocks = T.Bind(T.ceildiv(M, m_tile))
                 b = T.Bind(vt // (T.ceildiv(C, c_tile) * blocks))
                 c0 = T.Bind(vt // blocks % T.ceildiv(C, c_tile) * c_tile)
@@ -196,7 +213,7 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                         for i in T.unroll(V):
                             for j in T.vectorized(V):
                                 square[g, i, j] = T.Cast(acc_t, grad_output[b, T.min(c0 + g * V + i, C - 1), nb * V + j])
-                        transpose(square, g, x, y)
+                        transpose(square, g, x_lo, x_hi, y_lo, y_hi)
                     for ni in range(V):
                         for k in T.unroll(3):
                             # one unsigned comparison: 0 <= index - m0 < rows
@@ -221,7 +238,7 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                         for i in T.unroll(V):
                             for j in T.vectorized(V):
                                 square[g, i, j] = acc[mb * V + i, g * V + j]
-                        transpose(square, g, x, y)
+                        transpose(square, g, x_lo, x_hi, y_lo, y_hi)
                         for i in T.unroll(V):
                             if c0 + g * V + i < C:
                                 for j in T.vectorized(V):
