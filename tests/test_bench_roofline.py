@@ -39,3 +39,23 @@ def test_the_compute_peak_is_measured_and_below_the_nominal_one():
     # the nominal ceiling: 2 FMA pipes x 2 flops per lane, at a generous 6 GHz
     assert 0 < peak < model.cores * 6e9 * model.lanes("float32") * 4
     assert bench.peak_flops(model) == peak  # once per process
+
+
+def test_dram_is_the_faster_of_the_cached_and_the_streamed_copy():
+    import numpy as np
+    import tvm
+
+    model = targets.resolve("llvm")
+    if not bench.streamed_copy(model):
+        pytest.skip("this CPU's vector is not a whole cache line, or it has no non-temporal stores")
+    lib, dev = bench._copy_kernel(model, streamed=True)
+    for rows in (1, bench._STREAMED_TASK_ROWS - 1, bench._STREAMED_TASK_ROWS + 1, 300):  # tasks and their tail
+        src = np.random.default_rng(rows).random((rows, bench._COPY_ROW), dtype=np.float32)
+        dst = tvm.runtime.tensor(np.full_like(src, np.nan), dev)
+        lib[lib.entry_name](tvm.runtime.tensor(src, dev), dst)
+        assert np.array_equal(dst.numpy(), src)
+    l3 = targets.cache_bytes(3)
+    dram = bench.bytes_roofline(model, 4 * (l3 or 1 << 30), 1e6, repeat=1)
+    assert dram.name == "DRAM" and set(dram.timings) == {"roofline copy", "roofline copy streamed"}
+    medians = {"roofline copy": 2.0, "roofline copy streamed": 1.0}
+    assert dram.bandwidth(medians) == dram.moved / 1.0  # the faster copy is the roofline

@@ -104,7 +104,8 @@ def cmd_bench(args) -> int:
         plot.require()  # before the runs, not after them
     bandwidth = bench.stream_bandwidth(model)
     peak = bench.peak_flops(model)
-    print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, this run)"
+    print(f"# target {model.key}: stream bandwidth {bandwidth / 1e9:.2f} GB/s (TVM copy kernel, the faster of cached "
+          "and streamed stores, this run)"
           + (f", peak {peak / 1e9:.0f} GFLOP/s (TVM FMA loop, this run)" if peak else ""))
     if args.functions:
         return _functions(args, model, bandwidth)

@@ -7,6 +7,9 @@ The io efficiency of a case is against its roofline: the stream (DRAM) bandwidth
 when the case's bytes fit in half of a cache level of the CPU (all cores' L2, or the L3),
 that level's bandwidth, measured in the same run by the same copy kernel over a buffer
 of the case's size (the data stays in the cache between repeats, as the case's does).
+DRAM's is the faster of two copies: with cached stores, and (x86 CPUs whose vector is a
+whole cache line) with non-temporal ones, which skip the read of each line a cached store
+makes first: the bytes DRAM can move, which a kernel streaming its output reaches.
 Where a case is bound by where its bytes are rather than how many (corner gathers: the
 testing module's `access_pattern`), the roofline is the time of its accesses alone, in
 its kernel's order (tvm_ops/access_pattern.py), measured in the same run.
@@ -174,15 +177,23 @@ def settle() -> None:
 
 def stream_bandwidth(model: TargetModel, repeat: int = 10) -> float:
     """Bytes/s of a parallel, vectorised TVM copy kernel (read + write) on this target, over
-    buffers far beyond the caches."""
+    buffers far beyond the caches: the faster of its cached and streamed stores (the two
+    timed in turn)."""
     moved, block = copy_timing(model, STREAM_BYTES)
-    return moved / statistics.median(block() for _ in range(repeat))
+    blocks = {"cached": block}
+    if streamed_copy(model):
+        blocks["streamed"] = copy_timing(model, STREAM_BYTES, streamed=True)[1]
+    times = {name: [] for name in blocks}
+    for _ in range(repeat):
+        for name, run in blocks.items():
+            times[name].append(run())
+    return moved / min(statistics.median(t) for t in times.values())
 
 
-def copy_timing(model: TargetModel, nbytes: int) -> tuple[int, Callable[[], float]]:
+def copy_timing(model: TargetModel, nbytes: int, streamed: bool = False) -> tuple[int, Callable[[], float]]:
     """(bytes read + written per run, block timer) of the copy kernel moving ~`nbytes` in all
-    (nbytes / 2 copied)."""
-    lib, dev = _copy_kernel(model)
+    (nbytes / 2 copied); `streamed`: its non-temporal-store variant (streamed_copy(model))."""
+    lib, dev = _copy_kernel(model, streamed)
     return 2 * _copy_rows(nbytes) * _COPY_ROW * 4, kernel_timing(lib, lib.entry_name, dev, _copy_buffers(model, nbytes))
 
 
@@ -200,6 +211,16 @@ def _copy_buffers(model: TargetModel, nbytes: int) -> list:
             tvm.runtime.empty((rows, _COPY_ROW), "float32", dev)]
 
 
+def streamed_copy(model: TargetModel) -> bool:
+    """Whether the copy kernel has a streamed variant here: this host's CPU, with x86's
+    non-temporal stores, whose float32 vector is whole cache lines (a streamed store must
+    cover its line; the rows, 1 KiB each, start on one, as TVM tensors are 64-byte aligned)."""
+    from .ops import cpu_ir
+
+    lanes = model.lanes("float32")
+    return host_cpu(model) and cpu_ir.has_streaming_stores(model.features()) and \
+        lanes * 4 % host_buffers.LINE_BYTES == 0
+
 def host_cpu(model: TargetModel) -> bool:
     """Whether the model is this machine's CPU: the only target whose rooflines the bench
     measures (a cross-compiled CPU's bench runs elsewhere)."""
@@ -207,17 +228,25 @@ def host_cpu(model: TargetModel) -> bool:
 
 
 _COPY_ROW = 256  # floats per row of the copy kernel's [rows, 256] buffers
+# rows per task of the streamed copy: its stores are ordered (SFENCE) once per task, and a
+# fence per row (1 KiB) halved the copy's bandwidth on the 2-core host
+_STREAMED_TASK_ROWS = 64
 _copy_kernels: dict = {}
 
 
-def _copy_kernel(model: TargetModel):
+def _copy_kernel(model: TargetModel, streamed: bool = False):
     """(library, device) of the copy kernel for `model`: rows over the cores (CUDA: blocks),
-    each row in vectors (threads); built once per process."""
+    each row in vectors (threads); `streamed`: tasks of rows stored by non-temporal vector
+    stores (cpu_ir.stream_ir), then a fence. Built once per process."""
     import tvm
     from tvm.script import tirx as T
 
-    if model.key in _copy_kernels:
-        return _copy_kernels[model.key]
+    key = (model.key, streamed)
+    if key in _copy_kernels:
+        return _copy_kernels[key]
+    if streamed:
+        _copy_kernels[key] = tvm.tirx.build(_streamed_copy_module(model), target=model.tvm_target()), tvm.cpu()
+        return _copy_kernels[key]
 
     @T.prim_func(s_tir=True)
     def copy(a_h: T.handle, b_h: T.handle):
@@ -240,8 +269,40 @@ def _copy_kernel(model: TargetModel):
         sch.bind(r, "blockIdx.x")
         sch.bind(i, "threadIdx.x")
         dev = tvm.cuda()
-    _copy_kernels[model.key] = tvm.tirx.build(sch.mod, target=model.tvm_target()), dev
-    return _copy_kernels[model.key]
+    _copy_kernels[key] = tvm.tirx.build(sch.mod, target=model.tvm_target()), dev
+    return _copy_kernels[key]
+
+
+def _streamed_copy_module(model: TargetModel):
+    """The copy with non-temporal stores (only where streamed_copy(model))."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from .ops import cpu_ir
+
+    lanes, K = model.lanes("float32"), _STREAMED_TASK_ROWS
+    store = f"tvm_ops_stream_x{lanes}_float32"
+
+    @T.prim_func(s_tir=True)
+    def copy(a_h: T.handle, b_h: T.handle):
+        rows = T.int32()
+        a = T.match_buffer(a_h, (rows, _COPY_ROW), "float32")
+        b = T.match_buffer(b_h, (rows, _COPY_ROW), "float32")
+        for t in range(T.ceildiv(rows, K)):
+            with T.sblock("task"):
+                vt = T.axis.remap("S", [t])
+                T.reads(a[vt * K:vt * K + K, 0:_COPY_ROW])
+                T.writes(b[vt * K:vt * K + K, 0:_COPY_ROW])
+                for j, o in T.grid(T.min(K, rows - vt * K), _COPY_ROW // lanes):
+                    T.evaluate(T.call_extern("void", store, T.address_of(b[vt * K + j, o * lanes]),
+                                             a[vt * K + j, T.Ramp(o * lanes, 1, lanes)]))
+                T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
+
+    sch = tvm.s_tir.Schedule(copy)
+    (t,) = sch.get_loops(sch.get_sblock("task"))
+    sch.parallel(t)
+    sch.annotate(t, "pragma_import_llvm", cpu_ir.stream_ir(model.features(), lanes, "float32"))
+    return sch.mod
 
 
 @dataclass
@@ -274,13 +335,20 @@ def cache_level(model: TargetModel, io_bytes: float) -> str | None:
 
 def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: int) -> Roofline:
     """The copy kernel at the case's size where a cache level holds its bytes (data staying
-    in the cache between runs, as the case's does), else over the stream's buffers; another
-    target than this CPU: `stream`, measured once (its rooflines are not measured per case)."""
+    in the cache between runs, as the case's does), else over the stream's buffers, with
+    cached and (streamed_copy) streamed stores; another target than this CPU: `stream`,
+    measured once (its rooflines are not measured per case)."""
     if not host_cpu(model):
         return Roofline("DRAM", 0.0, {}, stream)
     level = cache_level(model, io_bytes)
-    moved, block = copy_timing(model, int(io_bytes) if level else STREAM_BYTES)
-    return Roofline(level or "DRAM", moved, {"roofline copy": Timed(block, "tvm", repeat)}, stream if level else 0.0)
+    if level:  # a streamed store bypasses the cache level measured here
+        moved, block = copy_timing(model, int(io_bytes))
+        return Roofline(level, moved, {"roofline copy": Timed(block, "tvm", repeat)}, stream)
+    moved, block = copy_timing(model, STREAM_BYTES)
+    timings = {"roofline copy": Timed(block, "tvm", repeat)}
+    if streamed_copy(model):
+        timings["roofline copy streamed"] = Timed(copy_timing(model, STREAM_BYTES, streamed=True)[1], "tvm", repeat)
+    return Roofline("DRAM", moved, timings)
 
 
 def pattern_roofline(model: TargetModel, pattern, io_bytes: float, repeat: int) -> Roofline:
