@@ -221,6 +221,7 @@ def streamed_copy(model: TargetModel) -> bool:
     return host_cpu(model) and cpu_ir.has_streaming_stores(model.features()) and \
         lanes * 4 % host_buffers.LINE_BYTES == 0
 
+
 def host_cpu(model: TargetModel) -> bool:
     """Whether the model is this machine's CPU: the only target whose rooflines the bench
     measures (a cross-compiled CPU's bench runs elsewhere)."""
