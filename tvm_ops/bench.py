@@ -179,15 +179,8 @@ def stream_bandwidth(model: TargetModel, repeat: int = 10) -> float:
     """Bytes/s of a parallel, vectorised TVM copy kernel (read + write) on this target, over
     buffers far beyond the caches: the faster of its cached and streamed stores (the two
     timed in turn)."""
-    moved, block = copy_timing(model, STREAM_BYTES)
-    blocks = {"cached": block}
-    if streamed_copy(model):
-        blocks["streamed"] = copy_timing(model, STREAM_BYTES, streamed=True)[1]
-    times = {name: [] for name in blocks}
-    for _ in range(repeat):
-        for name, run in blocks.items():
-            times[name].append(run())
-    return moved / min(statistics.median(t) for t in times.values())
+    dram = _dram_roofline(model, repeat)
+    return dram.bandwidth(interleaved_medians(dram.timings, repeat))
 
 
 def copy_timing(model: TargetModel, nbytes: int, streamed: bool = False) -> tuple[int, Callable[[], float]]:
@@ -345,6 +338,12 @@ def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: i
     if level:  # a streamed store bypasses the cache level measured here
         moved, block = copy_timing(model, int(io_bytes))
         return Roofline(level, moved, {"roofline copy": Timed(block, "tvm", repeat)}, stream)
+    return _dram_roofline(model, repeat)
+
+
+def _dram_roofline(model: TargetModel, repeat: int) -> Roofline:
+    """The copy over the stream's buffers, with cached and (streamed_copy) streamed stores:
+    the faster is DRAM's bandwidth."""
     moved, block = copy_timing(model, STREAM_BYTES)
     timings = {"roofline copy": Timed(block, "tvm", repeat)}
     if streamed_copy(model):

@@ -34,8 +34,7 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(sch.fuse(b, chunk))
         sch.unroll(k)
         return
-    # pool, pool_first_touch: owner = (batch, band of
-    # output rows); channel vectors per kept point
+    # pool, pool_first_touch: owner = (batch, band of output rows); channel vectors per kept point
     b, r = sch.get_loops(sch.get_sblock("band"))
     sch.parallel(sch.fuse(b, r))
     _vectorize_own_lane_adds(sch, sch.get_sblock("band_add"), model, plan)
