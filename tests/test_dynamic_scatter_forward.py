@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import tvm_ops
 from tvm_ops import runner, targets
 from tvm_ops.ops import get
+from tvm_ops.ops.dynamic_scatter_forward.compute import MAX_COLUMNS
 from tvm_ops.testing import material
 
 from .conftest import requires_torch, use_knobs
@@ -18,11 +19,16 @@ TESTING = material(OP)
 NAMES = ("voxel_feats", "voxel_coors", "point2voxel_map", "voxel_points_count")
 
 
-@pytest.fixture(params=[{"sort": "radix"}, {"sort": "bitonic", "tile": 64}], ids=["radix", "bitonic"])
+PLANS = {"radix": {"sort": "radix", "split_min_points": 10**9}, "radix_split": {"sort": "radix", "split_min_points": 0},
+         "bitonic": {"sort": "bitonic", "tile": 64}}
+
+
+@pytest.fixture(params=list(PLANS.values()), ids=list(PLANS))
 def grouping(request, monkeypatch):
-    """Each grouping plan on the CPU: radix (the CPU's), bitonic (the CUDA plan's kernels,
-    in tiles of 64 entries: from 33 points on, the tile sort, the global steps and the tile
-    merges all run)."""
+    """Each grouping plan on the CPU: radix (the CPU's serial kernel), radix_split (its two-part
+    kernel, from the first point on), bitonic (the CUDA plan's kernels, in tiles of 64
+    entries: from 33 points on, the tile sort, the global steps and the tile merges all
+    run)."""
     use_knobs(monkeypatch, OP, request.param)
     yield request.param["sort"]
     OP.clear_call_cache()
@@ -49,10 +55,13 @@ def assert_matches_reference(result, feats, coors, reduce_type):
             np.testing.assert_array_equal(value, ref[name], err_msg=name)
 
 
+@pytest.mark.parametrize("plan", ["bitonic", "radix_split"])
 @pytest.mark.parametrize("case", [c.name for c in OP.spec.cases if not c.heavy and c.expect == "ok"])
-def test_the_bitonic_plan_passes_every_spec_case(case, monkeypatch):
-    # the CUDA plan's grouping (network, head flags, chunked scan) run here on the CPU
-    use_knobs(monkeypatch, OP, {"sort": "bitonic"})
+def test_each_grouping_plan_passes_every_spec_case(case, plan, monkeypatch):
+    # the CUDA plan's grouping (network, head flags, chunked scan) run here on the CPU, and
+    # the two-part radix kernel on every case however small (bnd_huge_coords: its rows do
+    # not fit one key, so the serial kernel takes over)
+    use_knobs(monkeypatch, OP, PLANS[plan])
     result = runner.run_case(OP, OP.spec.case(case), "float32", targets.resolve("llvm"))
     OP.clear_call_cache()
     assert result.verdict == "pass", result.detail
@@ -83,16 +92,27 @@ def test_sum_and_mean_add_each_voxels_points_in_point_order(grouping):
     np.testing.assert_array_equal(mean, ordered / counts[:, None].astype(np.float32))
 
 
-def test_both_plans_give_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("d, extent", [(MAX_COLUMNS + 2, 3), (3, 2**31 - 1)], ids=["many_columns", "wide_rows"])
+def test_the_two_part_grouping_leaves_what_it_cannot_key_to_the_serial_kernel(d, extent, monkeypatch):
+    # more columns than group_split keeps in registers, or rows wider than one int64 key:
+    # it counts -1 and group_rows groups the points
+    use_knobs(monkeypatch, OP, PLANS["radix_split"])
+    feats, coors = points(np.random.default_rng(d), 300, d, extent, dropped=0.1, channels=4)
+    assert_matches_reference(tvm_ops.dynamic_scatter_forward(feats, coors, "sum"), feats, coors, "sum")
+    OP.clear_call_cache()
+
+
+def test_every_plan_gives_the_same_bits(monkeypatch):
     feats, coors = points(np.random.default_rng(2), 5000, 4, 6, dropped=0.02, channels=24)
     results = {}
-    for sort in ("radix", "bitonic"):
-        use_knobs(monkeypatch, OP, {"sort": sort})
-        results[sort] = [tvm_ops.dynamic_scatter_forward(feats, coors, r) for r in ("max", "sum", "mean")]
-    OP.clear_call_cache()
-    for a, b in zip(results["radix"], results["bitonic"]):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
+    for plan, knobs in PLANS.items():
+        use_knobs(monkeypatch, OP, knobs)
+        results[plan] = [tvm_ops.dynamic_scatter_forward(feats, coors, r) for r in ("max", "sum", "mean")]
+        OP.clear_call_cache()
+    for plan in ("radix_split", "bitonic"):
+        for a, b in zip(results["radix"], results[plan]):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
 
 
 def test_max_ignores_nan_and_keeps_minus_inf_for_an_all_nan_channel():

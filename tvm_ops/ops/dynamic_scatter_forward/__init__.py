@@ -11,9 +11,10 @@ Semantics: docs/semantics.md; the contract: specs/dynamic_scatter_forward.yaml.
 The number of voxels M is data-dependent: a call first groups the points (`count`: the
 grouping kernels, then M read on the host: on CUDA the one synchronisation of the call),
 then allocates the [M, ...] outputs (or checks the out= buffers against M) and fills them
-(`launch`). Grouping plans (compute.py): a serial radix sort on the CPU, a bitonic network
-and a chunked scan on CUDA (which the CPU also runs with the knob sort=bitonic, so the tests
-check the GPU's grouping here).
+(`launch`). Grouping plans (compute.py): a radix sort on the CPU (on two cores from the
+plan's split_min_points points on, else serial), a bitonic network and a chunked scan on
+CUDA (which the CPU also runs with the knob sort=bitonic, so the tests check the GPU's
+grouping here).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ...errors import BadParamError
 from ..base import Operator
 from ..point_vectors import plan_vector
 from . import schedule
-from .compute import FIXED_COLUMNS, KERNELS, fill_computes, group_computes
+from .compute import COARSE, FIXED_COLUMNS, KERNELS, SHARED_WORDS, SPLIT_PARTS, fill_computes, group_computes
 
 CHUNK = 256  # points per chunk of the bitonic plan's scan
 
@@ -42,7 +43,7 @@ class DynamicScatterForward(Operator):
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
             return dict(plan, threads=int(knobs["threads"]))
         return dict(plan, vector=plan_vector(model, knobs)["vector"], lanes=model.lanes("float32"),
-                    prefetch_points=int(knobs["prefetch_points"]))
+                    prefetch_points=int(knobs["prefetch_points"]), split_min_points=int(knobs["split_min_points"]))
 
     def computes(self, dtype, plan, model):
         group = group_computes(model.kind, int(plan["tile"]))
@@ -55,8 +56,11 @@ class DynamicScatterForward(Operator):
         n = problem.sizes["N"]
         spaces = {"start": ((n + 1,), "int32"), "voxel_of": ((n,), "int32"), "count": ((1,), "int32")}
         if plan["sort"] == "radix":
+            columns = problem.sizes["D"]
             return dict(spaces, order=((n,), "int32"), scratch=((n,), "int32"), keys=((n,), "int64"),
-                        keys_tmp=((n,), "int64"), column_bits=((problem.sizes["D"],), "int32"))
+                        keys_tmp=((n,), "int64"), keys_alt=((n,), "int64"), column_bits=((columns,), "int32"),
+                        part_max=((SPLIT_PARTS, columns), "int32"), coarse=((SPLIT_PARTS, COARSE), "int32"),
+                        split_shared=((SHARED_WORDS,), "int32"))
         padded = 1 << max(n - 1, 0).bit_length()  # the bitonic network's power of two
         chunks = -(-n // plan["chunk"])
         return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
@@ -73,9 +77,15 @@ class DynamicScatterForward(Operator):
         coors = tensors["coors"]
         if kernels.plan["sort"] == "radix":
             columns = problem.sizes["D"]
-            group = f"group_rows_d{columns}" if columns in FIXED_COLUMNS else "group_rows"
-            kernels[group](coors, *(tensors[k] for k in ("order", "scratch", "keys", "keys_tmp", "column_bits", "start",
-                                                         "voxel_of", "count")))
+            fixed = f"_d{columns}" if columns in FIXED_COLUMNS else ""
+            if problem.sizes["N"] >= int(kernels.plan["split_min_points"]):
+                kernels["group_split" + fixed](coors, *(tensors[k] for k in (
+                    "order", "keys", "keys_tmp", "keys_alt", "column_bits", "part_max", "coarse", "split_shared",
+                    "start", "voxel_of", "count")))
+            if problem.sizes["N"] < int(kernels.plan["split_min_points"]) or int(tensors["count"][0]) < 0:
+                # few points, or rows too wide for one key (count -1): the serial kernel
+                kernels["group_rows" + fixed](coors, *(tensors[k] for k in (
+                    "order", "scratch", "keys", "keys_tmp", "column_bits", "start", "voxel_of", "count")))
         else:
             self._bitonic_sort(kernels, tensors)
             order, flags, chunk = tensors["order"], tensors["flags"], kernels.plan["chunk"]

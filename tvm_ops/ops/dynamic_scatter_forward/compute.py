@@ -12,7 +12,16 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  stable: each voxel's points stay in point order, and no key can overflow.
                  Then one walk marks each voxel's first point (a key or row unlike the
                  previous one), numbers the voxels and records where each starts.
-                 group_rows_d3 / _d4: the same with D fixed.
+                 group_split does the packed-key sort on two cores (from the plan's
+                 split_min_points on): the points cut in two parts (each part's kept
+                 count and column maxima, then its keys and a histogram of the rows' top
+                 COARSE_BITS bits), the keys split at the bin where half of them lie below
+                 into two sides (a row's keys share a bin, so a voxel lies on one side),
+                 each part's keys moved to their sides in index order, each side sorted
+                 and walked as above by one core, side 1's voxels numbered after side 0's.
+                 Rows too wide for one key (or more than MAX_COLUMNS columns): count -1,
+                 and the host runs group_rows. group_rows_d3 / _d4, group_split_d3 / _d4:
+                 the same with D fixed.
   bitonic (CUDA) bitonic_init + a bitonic network over the P >= N (a power of two)
                  entries of a point permutation, ordered by (kept before dropped before
                  padding, row, point index): unique keys, so the result is the stable order
@@ -39,9 +48,10 @@ Filling (after the host has read M and allocated the [M, ...] outputs):
   voxel_rows     voxel_coors (the first point's row) and voxel_points_count
   point_map      point2voxel_map[order[i]] = voxel of sorted position i, -1 for dropped points
 
-group_rows and chunk_offsets are serial programs in a block (the radix sort's histogram and
-the scan carry state from one point to the next), not computes a schedule can reshape; the
-bitonic and scan kernels and the fill are blocks a schedule places. Every index the kernels
+group_rows, group_split and chunk_offsets are programs in a block (the radix sort's
+histogram and the scan carry state from one point to the next; group_split's two parts are
+parallel loops of its own), not computes a schedule can reshape; the bitonic and scan
+kernels and the fill are blocks a schedule places. Every index the kernels
 store through comes from a permutation the kernels built, never from input values, and
 point_map checks it against N all the same.
 """
@@ -63,7 +73,17 @@ KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index 
 # the CPU's grouping also comes with D fixed (its per-point column loops unrolled: a third
 # faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
 FIXED_COLUMNS = (3, 4)
-GROUP_KERNELS = {"radix": ("group_rows",) + tuple(f"group_rows_d{d}" for d in FIXED_COLUMNS),
+# the two-part grouping (group_split): points cut in SPLIT_PARTS parts, the keys in as many
+# sides by the row's top COARSE_BITS bits; its small shared state: SHARED_WORDS words at
+# KEPT (kept points per part), SIDE0 (keys on side 0), SPLIT_BIN, VOXELS (per side)
+SPLIT_PARTS = 2
+COARSE_BITS = 10
+COARSE = 1 << COARSE_BITS
+KEPT, SIDE0, SPLIT_BIN, VOXELS = 0, 2, 3, 4
+SHARED_WORDS = 6
+MAX_COLUMNS = 8  # group_split's columns at most (a part's maxima in registers); more: count -1
+GROUP_KERNELS = {"radix": tuple(f"{name}{d}" for name in ("group_rows", "group_split")
+                                for d in ("",) + tuple(f"_d{d}" for d in FIXED_COLUMNS)),
                  "bitonic": ("bitonic_init", "bitonic_step", "bitonic_tile", "head_flags",
                              "chunk_totals", "chunk_offsets", "chunk_scan", "segment_starts")}
 REDUCE_TYPES = ("max", "sum", "mean")
@@ -90,6 +110,21 @@ def _rows_differ_into(flag, coors, a, b, D):
             flag[0] = 1
 
 
+def _row_of(key, index_bits):
+    """The packed row of a key (above its point index)."""
+    return T.shift_right(key, T.Cast("int64", index_bits))
+
+
+@T.macro(hygienic=False)
+def _starts_voxel_into(flag, sorted_keys, at, first, index_bits):
+    """flag[0] = 1 if sorted key `at` starts a voxel: the first of its run from `first`, or
+    a row unlike the previous key's (a branch: TIR's `or` may read both sides)."""
+    flag[0] = 1
+    if at > first:
+        if _row_of(sorted_keys[at], index_bits) == _row_of(sorted_keys[at - 1], index_bits):
+            flag[0] = 0
+
+
 def _key_digit(key, shift):
     return T.Cast("int32", T.bitwise_and(T.shift_right(key, shift), T.int64(RADIX - 1)))
 
@@ -114,15 +149,72 @@ def _digit_counts(hist, kept, digit_of):
 
 
 @T.macro(hygienic=False)
-def _key_pass(key_hist, src, dst, kept, pass_, index_bits):
-    """One stable counting-sort pass of the packed keys by row digit `pass_` (above the
-    index_bits of the point index; its histogram's first slots in key_hist[pass_ * RADIX:],
-    advanced as the keys land)."""
-    for i in range(kept):
-        slot_of = T.Bind(pass_ * RADIX + _key_digit(src[i], T.Cast("int64", index_bits + pass_ * RADIX_BITS)))
+def _key_pass(key_hist, src, dst, first, count, pass_, index_bits):
+    """One stable counting-sort pass of the packed keys src[first:first + count] by row digit
+    `pass_` (above the index_bits of the point index; its histogram's first slots in
+    key_hist[pass_ * RADIX:], advanced as the keys land in dst)."""
+    for i in range(count):
+        slot_of = T.Bind(pass_ * RADIX + _key_digit(src[first + i], T.Cast("int64", index_bits + pass_ * RADIX_BITS)))
         slot = T.Bind(key_hist[slot_of])
-        dst[slot] = src[i]
+        dst[slot] = src[first + i]
         key_hist[slot_of] = slot + 1
+
+
+@T.macro(hygienic=False)
+def _count_digits(key_hist, key, passes, index_bits):
+    """Count the packed key `key` in each pass's digit histogram."""
+    for pass_ in range(passes):
+        digit = T.Bind(pass_ * RADIX + _key_digit(key, T.Cast("int64", index_bits + pass_ * RADIX_BITS)))
+        key_hist[digit] = key_hist[digit] + 1
+
+
+@T.macro(hygienic=False)
+def _first_slots(key_hist, passes, first, total):
+    """Each pass's digit counts into its digits' first slots (from `first`; total[0]: the
+    running total)."""
+    for pass_ in range(passes):
+        total[0] = first
+        for b in range(RADIX):
+            here = T.Bind(key_hist[pass_ * RADIX + b])
+            key_hist[pass_ * RADIX + b] = total[0]
+            total[0] = total[0] + here
+
+
+@T.macro(hygienic=False)
+def _key_passes(key_hist, keys, keys_tmp, first, count, passes, index_bits):
+    """The LSD passes over keys[first:first + count], between keys and keys_tmp in turn,
+    the sorted keys back in keys (an odd count copies them back)."""
+    for pair in range((passes + 1) // 2):
+        _key_pass(key_hist, keys, keys_tmp, first, count, 2 * pair, index_bits)
+        if 2 * pair + 1 < passes:
+            _key_pass(key_hist, keys_tmp, keys, first, count, 2 * pair + 1, index_bits)
+        else:
+            for i in range(count):
+                keys[first + i] = keys_tmp[first + i]
+
+
+@T.macro(hygienic=False)
+def _packed_row_into(key, coors, n, bits, D):
+    """key[0] = point n's row packed into an int64, column 0 highest, column d in bits[d]."""
+    key[0] = T.int64(0)
+    for d in range(D):
+        key[0] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", bits[d])), T.Cast("int64", coors[n, d]))
+
+
+@T.macro(hygienic=False)
+def _widths_into(state, bits, N, D):
+    """bits[d] = the width in bits of bits[d] (a column's largest value); state[2] = their
+    total, state[3] = the width of a point index (of N - 1)."""
+    state[2] = 0
+    for d in range(D):
+        state[3] = 0
+        while state[3] < INT_BITS and T.shift_right(bits[d], state[3]) > 0:
+            state[3] = state[3] + 1
+        bits[d] = state[3]
+        state[2] = state[2] + state[3]
+    state[3] = 1
+    while state[3] < INT_BITS and T.shift_right(N - 1, state[3]) > 0:
+        state[3] = state[3] + 1
 
 
 @T.macro(hygienic=False)
@@ -190,6 +282,7 @@ def group_computes(kind: str, tile: int) -> dict:
     the entries (a power of two) bitonic_tile sorts in one CUDA block's shared memory, a
     lane (thread) per entry (on the CPU a loop, a tile at a time)."""
     small = scratch_scope(kind)
+    part_loop = T.parallel if kind == "llvm" else T.serial  # group_split's parts: the CPU's cores
     shared = "shared" if kind == "cuda" else "global"
     tile_loop = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if kind == "cuda" else T.serial
     lane_loop = (lambda n: T.thread_binding(n, thread="threadIdx.x")) if kind == "cuda" else T.serial
@@ -222,6 +315,7 @@ def group_computes(kind: str, tile: int) -> dict:
                 flag = T.alloc_buffer((1,), "int32", scope=small)
                 key = T.alloc_buffer((1,), "int64", scope=small)
                 state = T.alloc_buffer((4,), "int32", scope=small)
+                running = T.alloc_buffer((1,), "int32", scope=small)
                 # 1. the kept points in index order, then the dropped; each column's largest value
                 for d in range(D):
                     bits[d] = 0
@@ -240,21 +334,12 @@ def group_computes(kind: str, tile: int) -> dict:
                 kept = T.Bind(state[0])
                 for i in range(N - kept):
                     order[kept + i] = scratch[i]
-                # 2. each column's width in bits (of its largest value) and their total
-                state[2] = 0
-                for d in range(D):
-                    state[3] = 0
-                    while state[3] < INT_BITS and T.shift_right(bits[d], state[3]) > 0:
-                        state[3] = state[3] + 1
-                    bits[d] = state[3]
-                    state[2] = state[2] + state[3]
+                # 2. each column's width in bits (of its largest value), their total, a point
+                # index's width
+                _widths_into(state, bits, N, D)
                 total = T.Bind(state[2])
-                state[0] = 0  # from here: the voxels found
-                # the width in bits of a point index (N - 1)
-                state[3] = 1
-                while state[3] < INT_BITS and T.shift_right(N - 1, state[3]) > 0:
-                    state[3] = state[3] + 1
                 index_bits = T.Bind(state[3])
+                state[0] = 0  # from here: the voxels found
                 if total + index_bits <= KEY_BITS:
                     # 3. a row packed into one int64 key (column 0 highest) above its point's
                     # index, and, in the same sweep, every pass's digit histogram
@@ -262,31 +347,15 @@ def group_computes(kind: str, tile: int) -> dict:
                     for b in range(passes * RADIX):
                         key_hist[b] = 0
                     for i in range(kept):
-                        key[0] = T.int64(0)
-                        for d in range(D):
-                            key[0] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", bits[d])),
-                                                  T.Cast("int64", coors[order[i], d]))
+                        _packed_row_into(key, coors, order[i], bits, D)
                         keys[i] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", index_bits)),
                                                T.Cast("int64", order[i]))
-                        for pass_ in range(passes):
-                            digit = T.Bind(pass_ * RADIX + _key_digit(key[0], T.Cast("int64", pass_ * RADIX_BITS)))
-                            key_hist[digit] = key_hist[digit] + 1
-                    for pass_ in range(passes):  # each histogram into its digits' first slots
-                        state[1] = 0
-                        for b in range(RADIX):
-                            here = T.Bind(key_hist[pass_ * RADIX + b])
-                            key_hist[pass_ * RADIX + b] = state[1]
-                            state[1] = state[1] + here
+                        _count_digits(key_hist, keys[i], passes, index_bits)
+                    _first_slots(key_hist, passes, 0, running)
                     # the passes over the row's digits, least significant first, the index
                     # riding below them (the keys start in index order and every pass is
-                    # stable), between keys and keys_tmp in turn; an odd count copies back
-                    for pair in range((passes + 1) // 2):
-                        _key_pass(key_hist, keys, keys_tmp, kept, 2 * pair, index_bits)
-                        if 2 * pair + 1 < passes:
-                            _key_pass(key_hist, keys_tmp, keys, kept, 2 * pair + 1, index_bits)
-                        else:
-                            for i in range(kept):
-                                keys[i] = keys_tmp[i]
+                    # stable)
+                    _key_passes(key_hist, keys, keys_tmp, 0, kept, passes, index_bits)
                     # 4. the sorted points; a row unlike the previous one starts a voxel
                     for i in range(kept):
                         order[i] = T.Cast("int32", T.bitwise_and(
@@ -329,6 +398,181 @@ def group_computes(kind: str, tile: int) -> dict:
                     voxel_of[kept + i] = state[0]
                 start[state[0]] = kept
                 count[0] = state[0]
+
+    @T.prim_func(s_tir=True)
+    def group_split(coors_h: T.handle, order_h: T.handle, keys_h: T.handle, keys_tmp_h: T.handle,
+                    keys_alt_h: T.handle, bits_h: T.handle, part_max_h: T.handle, coarse_h: T.handle,
+                    shared_h: T.handle, start_h: T.handle, voxel_of_h: T.handle, count_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        N, D, P, S = T.int32(), T.int32(), T.int32(), T.int32()
+        coors = T.match_buffer(coors_h, (N, D), "int32")
+        order = T.match_buffer(order_h, (P,), "int32")
+        keys = T.match_buffer(keys_h, (N,), "int64")
+        keys_tmp = T.match_buffer(keys_tmp_h, (N,), "int64")
+        keys_alt = T.match_buffer(keys_alt_h, (N,), "int64")
+        bits = T.match_buffer(bits_h, (D,), "int32")
+        part_max = T.match_buffer(part_max_h, (SPLIT_PARTS, D), "int32")
+        coarse = T.match_buffer(coarse_h, (SPLIT_PARTS, COARSE), "int32")
+        shared = T.match_buffer(shared_h, (SHARED_WORDS,), "int32")
+        start = T.match_buffer(start_h, (S,), "int32")
+        voxel_of = T.match_buffer(voxel_of_h, (N,), "int32")
+        count = T.match_buffer(count_h, (1,), "int32")
+        for unit in range(1):
+            with T.sblock("group"):
+                T.reads(coors[0:N, 0:D])
+                T.writes(order[0:P], keys[0:N], keys_tmp[0:N], keys_alt[0:N], bits[0:D], part_max[0:2, 0:D],
+                         coarse[0:2, 0:COARSE], shared[0:SHARED_WORDS], start[0:S], voxel_of[0:N], count[0])
+                state = T.alloc_buffer((4,), "int32", scope=small)
+                count[0] = -1  # rows too wide for one key, or more columns than MAX_COLUMNS
+                if D <= MAX_COLUMNS:
+                    half = T.Bind((N + 1) // 2)  # part p: points [p * half, p * half + points of it)
+                    # A. per part of the points: how many are kept, each column's largest value
+                    for part in part_loop(SPLIT_PARTS):
+                        with T.sblock("part_widths"):
+                            T.reads()
+                            T.writes()
+                            # (the running values in registers: both parts' maxima share a line)
+                            flag = T.alloc_buffer((1,), "int32", scope=small)
+                            here = T.alloc_buffer((1,), "int32", scope=small)
+                            largest = T.alloc_buffer((MAX_COLUMNS,), "int32", scope=small)
+                            # (loops over all MAX_COLUMNS: a buffer indexed below D would be
+                            # compacted to a symbolic size, which CUDA cannot allocate)
+                            here[0] = 0
+                            for d in range(MAX_COLUMNS):
+                                largest[d] = 0
+                            for i in range(T.max(T.min(N - part * half, half), 0)):
+                                _dropped_into(flag, coors, part * half + i, D)
+                                if flag[0] == 0:
+                                    here[0] = here[0] + 1
+                                    for d in range(MAX_COLUMNS):
+                                        if d < D:
+                                            largest[d] = T.max(largest[d], coors[part * half + i, d])
+                            for d in range(MAX_COLUMNS):
+                                if d < D:
+                                    part_max[part, d] = largest[d]
+                            shared[KEPT + part] = here[0]
+                    # B. the widths, as the serial kernel
+                    for d in range(D):
+                        bits[d] = T.max(part_max[0, d], part_max[1, d])
+                    _widths_into(state, bits, N, D)
+                    total = T.Bind(state[2])
+                    index_bits = T.Bind(state[3])
+                    kept = T.Bind(shared[KEPT] + shared[KEPT + 1])
+                    if total + index_bits <= KEY_BITS:
+                        passes = T.Bind((total + RADIX_BITS - 1) // RADIX_BITS)
+                        # a key's coarse bin: the row's top COARSE_BITS bits
+                        coarse_shift = T.Bind(index_bits + T.max(total - COARSE_BITS, 0))
+                        # C. per part: its kept points' keys in index order (after the kept points
+                        # of the parts before), its dropped points after all kept ones; each
+                        # part's histogram of coarse bins
+                        for part in part_loop(SPLIT_PARTS):
+                            with T.sblock("part_keys"):
+                                T.reads()
+                                T.writes()
+                                flag = T.alloc_buffer((1,), "int32", scope=small)
+                                key = T.alloc_buffer((1,), "int64", scope=small)
+                                at = T.alloc_buffer((2,), "int32", scope=small)
+                                for b in range(COARSE):
+                                    coarse[part, b] = 0
+                                at[0] = T.Select(part == 0, 0, shared[KEPT])
+                                at[1] = kept + T.Select(part == 0, 0, half - shared[KEPT])
+                                for i in range(T.max(T.min(N - part * half, half), 0)):
+                                    _dropped_into(flag, coors, part * half + i, D)
+                                    if flag[0] == 0:
+                                        _packed_row_into(key, coors, part * half + i, bits, D)
+                                        bin_ = T.Bind(T.Cast("int32", T.shift_right(key[0], T.Cast(
+                                            "int64", coarse_shift - index_bits))))
+                                        coarse[part, bin_] = coarse[part, bin_] + 1
+                                        keys[at[0]] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", index_bits)),
+                                                                   T.Cast("int64", part * half + i))
+                                        at[0] = at[0] + 1
+                                    else:
+                                        order[at[1]] = part * half + i
+                                        at[1] = at[1] + 1
+                        # D. the split: side 0 the bins below the first one where half the kept
+                        # points lie below, side 1 the rest (a row's keys share a bin: one side)
+                        state[0] = 0  # the keys in the bins below b
+                        state[1] = COARSE
+                        for b in range(COARSE):
+                            if state[1] == COARSE and 2 * state[0] >= kept:
+                                state[1] = b
+                                shared[SIDE0] = state[0]
+                            state[0] = state[0] + coarse[0, b] + coarse[1, b]
+                        if state[1] == COARSE:
+                            shared[SIDE0] = kept
+                        shared[SPLIT_BIN] = state[1]
+                        # E. each part's keys to their sides, in index order (side s's keys
+                        # from part 0 first): a stable partition, branch-free (which side a key
+                        # goes to is as random as the points)
+                        for part in part_loop(SPLIT_PARTS):
+                            with T.sblock("part_sides"):
+                                T.reads()
+                                T.writes()
+                                at = T.alloc_buffer((2,), "int32", scope=small)
+                                here = T.alloc_buffer((1,), "int32", scope=small)
+                                here[0] = 0  # part 0's keys on side 0
+                                for b in range(COARSE):
+                                    if b < shared[SPLIT_BIN]:
+                                        here[0] = here[0] + coarse[0, b]
+                                at[0] = T.Select(part == 0, 0, here[0])
+                                at[1] = shared[SIDE0] + T.Select(part == 0, 0, shared[KEPT] - here[0])
+                                for i in range(shared[KEPT + part]):
+                                    key_at = T.Bind(T.Select(part == 0, 0, shared[KEPT]) + i)
+                                    to_side = T.Bind(T.Cast("int32", T.Cast("int32", T.shift_right(
+                                        keys[key_at], T.Cast("int64", coarse_shift))) >= shared[SPLIT_BIN]))
+                                    keys_tmp[at[to_side]] = keys[key_at]
+                                    at[to_side] = at[to_side] + 1
+                        # F. per side: its keys sorted as the serial kernel does, then walked:
+                        # order, each voxel's number in the side
+                        for side in part_loop(SPLIT_PARTS):
+                            with T.sblock("side_sort"):
+                                T.reads()
+                                T.writes()
+                                key_hist = T.alloc_buffer((KEY_PASSES * RADIX,), "int32", scope="local")
+                                at = T.alloc_buffer((1,), "int32", scope=small)
+                                total_ = T.alloc_buffer((1,), "int32", scope=small)
+                                flag = T.alloc_buffer((1,), "int32", scope=small)
+                                first = T.Bind(T.Select(side == 0, 0, shared[SIDE0]))
+                                size = T.Bind(T.Select(side == 0, shared[SIDE0], kept - shared[SIDE0]))
+                                for b in range(passes * RADIX):
+                                    key_hist[b] = 0
+                                for i in range(size):
+                                    _count_digits(key_hist, keys_tmp[first + i], passes, index_bits)
+                                _first_slots(key_hist, passes, first, total_)
+                                _key_passes(key_hist, keys_tmp, keys_alt, first, size, passes, index_bits)
+                                at[0] = 0  # the side's voxels so far
+                                for i in range(size):
+                                    order[first + i] = T.Cast("int32", T.bitwise_and(
+                                        keys_tmp[first + i],
+                                        T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1)))
+                                    _starts_voxel_into(flag, keys_tmp, first + i, first, index_bits)
+                                    if flag[0] == 1:
+                                        at[0] = at[0] + 1
+                                        if side == 0:
+                                            start[at[0] - 1] = first + i
+                                    voxel_of[first + i] = at[0]
+                                shared[VOXELS + side] = at[0]
+                        # G. side 1's voxels numbered after side 0's, in two halves
+                        for part in part_loop(SPLIT_PARTS):
+                            with T.sblock("side_numbers"):
+                                T.reads()
+                                T.writes()
+                                flag = T.alloc_buffer((1,), "int32", scope=small)
+                                first = T.Bind(shared[SIDE0])
+                                size = T.Bind(kept - shared[SIDE0])
+                                half_size = T.Bind((size + 1) // 2)
+                                for i in range(T.max(T.min(size - part * half_size, half_size), 0)):
+                                    at = T.Bind(first + part * half_size + i)
+                                    voxel = T.Bind(voxel_of[at] + shared[VOXELS])
+                                    voxel_of[at] = voxel
+                                    _starts_voxel_into(flag, keys_tmp, at, first, index_bits)
+                                    if flag[0] == 1:
+                                        start[voxel - 1] = at
+                        voxels = T.Bind(shared[VOXELS] + shared[VOXELS + 1])
+                        for i in range(N - kept):
+                            voxel_of[kept + i] = voxels
+                        start[voxels] = kept
+                        count[0] = voxels
 
     @T.prim_func(s_tir=True)
     def bitonic_init(order_h: T.handle):
@@ -484,8 +728,9 @@ def group_computes(kind: str, tile: int) -> dict:
                         start[v] = vi + 1
                         count[0] = v
 
-    fixed = {f"group_rows_d{d}": _with_columns(group_rows, d) for d in FIXED_COLUMNS}
-    return {"group_rows": group_rows, **fixed, "bitonic_init": bitonic_init,
+    fixed = {f"{name}_d{d}": _with_columns(func, d) for d in FIXED_COLUMNS
+             for name, func in (("group_rows", group_rows), ("group_split", group_split))}
+    return {"group_rows": group_rows, "group_split": group_split, **fixed, "bitonic_init": bitonic_init,
             "bitonic_step": bitonic_step, "bitonic_tile": bitonic_tile, "head_flags": head_flags,
             "chunk_totals": chunk_totals, "chunk_offsets": chunk_offsets, "chunk_scan": chunk_scan,
             "segment_starts": segment_starts}

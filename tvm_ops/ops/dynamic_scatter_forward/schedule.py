@@ -9,9 +9,10 @@ other kernel is a loop of independent blocks: CPU tasks over the cores, CUDA thr
 
 from __future__ import annotations
 
-from .compute import KERNELS
+from .compute import GROUP_KERNELS, KERNELS
 
-SERIAL = {"group_rows": "group", "group_rows_d3": "group", "group_rows_d4": "group", "chunk_offsets": "offsets"}
+# (group_split's parts are parallel loops of its compute: the CPU's cores, serial on CUDA)
+SERIAL = {**{kernel: "group" for kernel in GROUP_KERNELS["radix"]}, "chunk_offsets": "offsets"}
 ELEMENTWISE = {"bitonic_init": "init", "bitonic_step": "step", "head_flags": "heads", "chunk_totals": "totals",
                "chunk_scan": "scan", "segment_starts": "starts", "voxel_rows": "rows", "point_map": "map"}
 # the tile kernel binds its own loops (CUDA blocks and threads, CPU loops in the compute)
