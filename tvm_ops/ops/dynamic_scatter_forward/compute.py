@@ -125,6 +125,22 @@ def _starts_voxel_into(flag, sorted_keys, at, first, index_bits):
             flag[0] = 0
 
 
+@T.macro(hygienic=False)
+def _walk_into(order, voxel_of, start, sorted_keys, first, size, index_bits, flag, voxels, record_starts):
+    """The walk of sorted keys [first, first + size): order (each key's point index),
+    voxel_of (1 + its voxel, counted in voxels[0] from its value on entry) and, where
+    record_starts, start (each voxel's first sorted position)."""
+    for i in range(size):
+        order[first + i] = T.Cast("int32", T.bitwise_and(
+            sorted_keys[first + i], T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1)))
+        _starts_voxel_into(flag, sorted_keys, first + i, first, index_bits)
+        if flag[0] == 1:
+            if record_starts:
+                start[voxels[0]] = first + i
+            voxels[0] = voxels[0] + 1
+        voxel_of[first + i] = voxels[0]
+
+
 def _key_digit(key, shift):
     return T.Cast("int32", T.bitwise_and(T.shift_right(key, shift), T.int64(RADIX - 1)))
 
@@ -357,18 +373,7 @@ def group_computes(kind: str, tile: int) -> dict:
                     # stable)
                     _key_passes(key_hist, keys, keys_tmp, 0, kept, passes, index_bits)
                     # 4. the sorted points; a row unlike the previous one starts a voxel
-                    for i in range(kept):
-                        order[i] = T.Cast("int32", T.bitwise_and(
-                            keys[i], T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1)))
-                        if i == 0:
-                            flag[0] = 1
-                        else:
-                            flag[0] = T.Select(T.shift_right(keys[i], T.Cast("int64", index_bits))
-                                               != T.shift_right(keys[i - 1], T.Cast("int64", index_bits)), 1, 0)
-                        if flag[0] == 1:
-                            start[state[0]] = i
-                            state[0] = state[0] + 1
-                        voxel_of[i] = state[0]
+                    _walk_into(order, voxel_of, start, keys, 0, kept, index_bits, flag, state, True)
                 else:
                     # 3. rows too wide for one key: sorted column by column, the last first
                     for back in range(D):
@@ -541,16 +546,8 @@ def group_computes(kind: str, tile: int) -> dict:
                                 _first_slots(key_hist, passes, first, total_)
                                 _key_passes(key_hist, keys_tmp, keys_alt, first, size, passes, index_bits)
                                 at[0] = 0  # the side's voxels so far
-                                for i in range(size):
-                                    order[first + i] = T.Cast("int32", T.bitwise_and(
-                                        keys_tmp[first + i],
-                                        T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1)))
-                                    _starts_voxel_into(flag, keys_tmp, first + i, first, index_bits)
-                                    if flag[0] == 1:
-                                        at[0] = at[0] + 1
-                                        if side == 0:
-                                            start[at[0] - 1] = first + i
-                                    voxel_of[first + i] = at[0]
+                                _walk_into(order, voxel_of, start, keys_tmp, first, size, index_bits, flag, at,
+                                           side == 0)
                                 shared[VOXELS + side] = at[0]
                         # G. side 1's voxels numbered after side 0's, in two halves
                         for part in part_loop(SPLIT_PARTS):
