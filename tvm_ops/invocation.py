@@ -58,6 +58,9 @@ class CallPlan:
     def __init__(self, op, problem: checks.Problem, kernels):
         self.op, self.problem, self.kernels = op, problem, kernels
         self.new_outputs = output_specs(op, problem)
+        # the outputs allocated once the kernels have counted their sizes: (name, dims, dtype)
+        self.late_outputs = [(t.name, t.dims, op.output_dtype(t, problem)) for t in op.spec.outputs
+                             if t.name not in problem.outs and t.name not in self.new_outputs]
         as_is = op.taken_as_is(problem) if kernels is not None else ()
         self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
         if kernels is not None:  # None: an empty problem, whose outputs are zeros
@@ -85,8 +88,10 @@ class CallPlan:
         if op.spec.counted:  # data-dependent output sizes: count, then allocate the rest
             counted = op.count(self.kernels, problem, tensors)
             _check_counted(op, problem, counted)
-            late = output_specs(op, problem, dict(problem.sizes, **counted))
-            outputs.update(new_tensors(problem, {k: v for k, v in late.items() if k not in outputs}, zero=False))
+            sizes = dict(problem.sizes, **counted)
+            late = {name: (tuple(d if isinstance(d, int) else sizes[d] for d in dims), dtype)
+                    for name, dims, dtype in self.late_outputs}
+            outputs.update(new_tensors(problem, late, zero=False))
             tensors.update(outputs)
         op.launch(self.kernels, problem, tensors)
         return returned(op, outputs)
