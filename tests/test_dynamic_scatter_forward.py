@@ -19,16 +19,18 @@ TESTING = material(OP)
 NAMES = ("voxel_feats", "voxel_coors", "point2voxel_map", "voxel_points_count")
 
 
-PLANS = {"radix": {"sort": "radix", "split_min_points": 10**9}, "radix_split": {"sort": "radix", "split_min_points": 0},
+# radix: the default (the serial kernel below split_min_points points, the two-part one from
+# there); radix_split: the two-part kernel however few the points
+PLANS = {"radix": {"sort": "radix"}, "radix_split": {"sort": "radix", "split_min_points": 0},
          "bitonic": {"sort": "bitonic", "tile": 64}}
 
 
 @pytest.fixture(params=list(PLANS.values()), ids=list(PLANS))
 def grouping(request, monkeypatch):
-    """Each grouping plan on the CPU: radix (the CPU's serial kernel), radix_split (its two-part
-    kernel, from the first point on), bitonic (the CUDA plan's kernels, in tiles of 64
-    entries: from 33 points on, the tile sort, the global steps and the tile merges all
-    run)."""
+    """Each grouping plan on the CPU: radix (the CPU's; the serial kernel on these few
+    points), radix_split (its two-part kernel, from the first point on), bitonic (the CUDA
+    plan's kernels, in tiles of 64 entries: from 33 points on, the tile sort, the global
+    steps and the tile merges all run)."""
     use_knobs(monkeypatch, OP, request.param)
     yield request.param["sort"]
     OP.clear_call_cache()
@@ -103,7 +105,9 @@ def test_the_two_part_grouping_leaves_what_it_cannot_key_to_the_serial_kernel(d,
 
 
 def test_every_plan_gives_the_same_bits(monkeypatch):
-    feats, coors = points(np.random.default_rng(2), 5000, 4, 6, dropped=0.02, channels=24)
+    # just below the default split_min_points: the radix plan runs the serial kernel
+    n = int(OP.schedules["llvm"].defaults["split_min_points"]) - 1
+    feats, coors = points(np.random.default_rng(2), n, 4, 6, dropped=0.02, channels=24)
     results = {}
     for plan, knobs in PLANS.items():
         use_knobs(monkeypatch, OP, knobs)
