@@ -162,7 +162,12 @@ def _output_symbols(spec: OpSpec, given: dict) -> set:
 
 def output_shape(spec: OpSpec, name: str, sizes: dict) -> tuple:
     """The shape of output `name` for `sizes` (which must hold every symbol of it)."""
-    return tuple(d if isinstance(d, int) else sizes[d] for d in spec.tensor(name).dims)
+    return shape_of(spec.tensor(name).dims, sizes)
 
 
-__all__ = ["Problem", "check", "output_shape", "LARGE_TENSOR"]
+def shape_of(dims, sizes: dict) -> tuple:
+    """A tensor's shape from its spec dims (ints and symbols) and `sizes`."""
+    return tuple(d if isinstance(d, int) else sizes[d] for d in dims)
+
+
+__all__ = ["Problem", "check", "output_shape", "shape_of", "LARGE_TENSOR"]

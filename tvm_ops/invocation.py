@@ -89,8 +89,7 @@ class CallPlan:
             counted = op.count(self.kernels, problem, tensors)
             _check_counted(op, problem, counted)
             sizes = dict(problem.sizes, **counted)
-            late = {name: (tuple(d if isinstance(d, int) else sizes[d] for d in dims), dtype)
-                    for name, dims, dtype in self.late_outputs}
+            late = {name: (checks.shape_of(dims, sizes), dtype) for name, dims, dtype in self.late_outputs}
             outputs.update(new_tensors(problem, late, zero=False))
             tensors.update(outputs)
         op.launch(self.kernels, problem, tensors)

@@ -78,11 +78,12 @@ class DynamicScatterForward(Operator):
         if kernels.plan["sort"] == "radix":
             columns = problem.sizes["D"]
             fixed = f"_d{columns}" if columns in FIXED_COLUMNS else ""
-            if problem.sizes["N"] >= int(kernels.plan["split_min_points"]):
+            split = problem.sizes["N"] >= int(kernels.plan["split_min_points"])
+            if split:
                 kernels["group_split" + fixed](coors, *(tensors[k] for k in (
                     "order", "keys", "keys_tmp", "keys_alt", "column_bits", "part_max", "coarse", "split_shared",
                     "start", "voxel_of", "count")))
-            if problem.sizes["N"] < int(kernels.plan["split_min_points"]) or int(tensors["count"][0]) < 0:
+            if not split or int(tensors["count"][0]) < 0:
                 # few points, or rows too wide for one key (count -1): the serial kernel
                 kernels["group_rows" + fixed](coors, *(tensors[k] for k in (
                     "order", "scratch", "keys", "keys_tmp", "column_bits", "start", "voxel_of", "count")))

@@ -75,12 +75,13 @@ KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index 
 FIXED_COLUMNS = (3, 4)
 # the two-part grouping (group_split): points cut in SPLIT_PARTS parts, the keys in as many
 # sides by the row's top COARSE_BITS bits; its small shared state: SHARED_WORDS words at
-# KEPT (kept points per part), SIDE0 (keys on side 0), SPLIT_BIN, VOXELS (per side)
+# KEPT (kept points per part), SIDE0 (keys on side 0), SPLIT_BIN, VOXELS (per side),
+# PART0_SIDE0 (part 0's keys on side 0)
 SPLIT_PARTS = 2
 COARSE_BITS = 10
 COARSE = 1 << COARSE_BITS
-KEPT, SIDE0, SPLIT_BIN, VOXELS = 0, 2, 3, 4
-SHARED_WORDS = 6
+KEPT, SIDE0, SPLIT_BIN, VOXELS, PART0_SIDE0 = 0, 2, 3, 4, 6
+SHARED_WORDS = 7
 MAX_COLUMNS = 8  # group_split's columns at most (a part's maxima in registers); more: count -1
 GROUP_KERNELS = {"radix": tuple(f"{name}{d}" for name in ("group_rows", "group_split")
                                 for d in ("",) + tuple(f"_d{d}" for d in FIXED_COLUMNS)),
@@ -108,6 +109,11 @@ def _rows_differ_into(flag, coors, a, b, D):
     for d in range(D):
         if coors[a, d] != coors[b, d]:
             flag[0] = 1
+
+
+def _part_size(total, part, part_len):
+    """How many of `total` entries part `part` holds, parts of part_len entries in turn."""
+    return T.max(T.min(total - part * part_len, part_len), 0)
 
 
 def _row_of(key, index_bits):
@@ -150,18 +156,15 @@ def _column_digit(coors, n, d, shift):
 
 
 @T.macro(hygienic=False)
-def _digit_counts(hist, kept, digit_of):
-    """hist[b] = the first slot of digit b in a counting sort of the `kept` entries."""
+def _digit_counts(hist, kept, digit_of, total):
+    """hist[b] = the first slot of digit b in a counting sort of the `kept` entries
+    (total[0]: the running total)."""
     for b in range(RADIX):
         hist[b] = 0
     for i in range(kept):
         digit = T.Bind(digit_of(i))
         hist[digit] = hist[digit] + 1
-    state[1] = 0  # the running total
-    for b in range(RADIX):
-        here = T.Bind(hist[b])
-        hist[b] = state[1]
-        state[1] = state[1] + here
+    _first_slots(hist, 1, 0, total)
 
 
 @T.macro(hygienic=False)
@@ -381,7 +384,7 @@ def group_computes(kind: str, tile: int) -> dict:
                         state[3] = 0
                         while state[3] < bits[d]:
                             shift = T.Bind(state[3])
-                            _digit_counts(hist, kept, lambda i: _column_digit(coors, order[i], d, shift))
+                            _digit_counts(hist, kept, lambda i: _column_digit(coors, order[i], d, shift), running)
                             for i in range(kept):
                                 digit = T.Bind(_column_digit(coors, order[i], d, shift))
                                 scratch[hist[digit]] = order[i]
@@ -445,7 +448,7 @@ def group_computes(kind: str, tile: int) -> dict:
                             here[0] = 0
                             for d in range(MAX_COLUMNS):
                                 largest[d] = 0
-                            for i in range(T.max(T.min(N - part * half, half), 0)):
+                            for i in range(_part_size(N, part, half)):
                                 _dropped_into(flag, coors, part * half + i, D)
                                 if flag[0] == 0:
                                     here[0] = here[0] + 1
@@ -481,7 +484,7 @@ def group_computes(kind: str, tile: int) -> dict:
                                     coarse[part, b] = 0
                                 at[0] = T.Select(part == 0, 0, shared[KEPT])
                                 at[1] = kept + T.Select(part == 0, 0, half - shared[KEPT])
-                                for i in range(T.max(T.min(N - part * half, half), 0)):
+                                for i in range(_part_size(N, part, half)):
                                     _dropped_into(flag, coors, part * half + i, D)
                                     if flag[0] == 0:
                                         _packed_row_into(key, coors, part * half + i, bits, D)
@@ -495,13 +498,17 @@ def group_computes(kind: str, tile: int) -> dict:
                                         order[at[1]] = part * half + i
                                         at[1] = at[1] + 1
                         # D. the split: side 0 the bins below the first one where half the kept
-                        # points lie below, side 1 the rest (a row's keys share a bin: one side)
+                        # points lie below, side 1 the rest (a row's keys share a bin: one side);
+                        # and how many of part 0's keys go to side 0
                         state[0] = 0  # the keys in the bins below b
                         state[1] = COARSE
+                        shared[PART0_SIDE0] = 0
                         for b in range(COARSE):
                             if state[1] == COARSE and 2 * state[0] >= kept:
                                 state[1] = b
                                 shared[SIDE0] = state[0]
+                            if state[1] == COARSE:
+                                shared[PART0_SIDE0] = shared[PART0_SIDE0] + coarse[0, b]
                             state[0] = state[0] + coarse[0, b] + coarse[1, b]
                         if state[1] == COARSE:
                             shared[SIDE0] = kept
@@ -514,13 +521,8 @@ def group_computes(kind: str, tile: int) -> dict:
                                 T.reads()
                                 T.writes()
                                 at = T.alloc_buffer((2,), "int32", scope=small)
-                                here = T.alloc_buffer((1,), "int32", scope=small)
-                                here[0] = 0  # part 0's keys on side 0
-                                for b in range(COARSE):
-                                    if b < shared[SPLIT_BIN]:
-                                        here[0] = here[0] + coarse[0, b]
-                                at[0] = T.Select(part == 0, 0, here[0])
-                                at[1] = shared[SIDE0] + T.Select(part == 0, 0, shared[KEPT] - here[0])
+                                at[0] = T.Select(part == 0, 0, shared[PART0_SIDE0])
+                                at[1] = shared[SIDE0] + T.Select(part == 0, 0, shared[KEPT] - shared[PART0_SIDE0])
                                 for i in range(shared[KEPT + part]):
                                     key_at = T.Bind(T.Select(part == 0, 0, shared[KEPT]) + i)
                                     to_side = T.Bind(T.Cast("int32", T.Cast("int32", T.shift_right(
@@ -558,7 +560,7 @@ def group_computes(kind: str, tile: int) -> dict:
                                 first = T.Bind(shared[SIDE0])
                                 size = T.Bind(kept - shared[SIDE0])
                                 half_size = T.Bind((size + 1) // 2)
-                                for i in range(T.max(T.min(size - part * half_size, half_size), 0)):
+                                for i in range(_part_size(size, part, half_size)):
                                     at = T.Bind(first + part * half_size + i)
                                     voxel = T.Bind(voxel_of[at] + shared[VOXELS])
                                     voxel_of[at] = voxel
