@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from tvm_ops import bench, runner, targets
-from tvm_ops.access_pattern import AHEADS, AccessPattern, csr, fixed_groups, run_pattern
+from tvm_ops.access_pattern import AHEADS, STREAM_MIN_BYTES, AccessPattern, csr, fixed_groups, run_pattern, streamable
+from tvm_ops.ops import cpu_ir
 from tvm_ops.ops import get
 from tvm_ops.testing import material
 
@@ -31,6 +32,33 @@ def test_the_gather_sums_each_groups_rows(width, ahead):
     _, out = run_pattern(MODEL, pattern, table, np.zeros((40, width)), ahead)
     expected = np.stack([table[index[g][used[g]]].astype(np.float64).sum(0) for g in range(40)])
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_ir.has_streaming_stores(MODEL.features()), reason="no x86 non-temporal stores here")
+@pytest.mark.parametrize("width", [16, 80, 512])
+def test_the_streamed_gather_writes_the_same_sums(width):
+    rng = np.random.default_rng(width)
+    pattern, index, used = _random_pattern(rng, 50, width, 200, 3, gather=True, scatter=False)
+    table = rng.uniform(-1, 1, (50, width)).astype(np.float32)
+    _, cached = run_pattern(MODEL, pattern, table, np.zeros((200, width)))
+    _, streamed = run_pattern(MODEL, pattern, table, np.zeros((200, width)), streamed=True)
+    np.testing.assert_array_equal(streamed, cached)
+    assert np.isfinite(streamed).all() and (streamed != 0).any()
+
+
+def test_only_a_large_gathered_output_of_whole_lines_is_also_timed_streamed():
+    groups = STREAM_MIN_BYTES // (16 * 4)
+
+    def pattern(width, groups, gather=True, scatter=False, dtype="float32"):
+        return AccessPattern(8, width, np.zeros(groups + 1, np.int32), np.zeros(0, np.int32), gather, scatter,
+                             dtype)
+
+    x86 = cpu_ir.has_streaming_stores(MODEL.features()) and MODEL.lanes("float32") * 4 % 64 == 0
+    assert streamable(MODEL, pattern(16, groups)) == x86
+    assert not streamable(MODEL, pattern(16, groups - 1))  # below STREAM_MIN_BYTES
+    assert not streamable(MODEL, pattern(24, groups))  # rows not whole lines
+    assert not streamable(MODEL, pattern(16, groups, scatter=True))
+    assert not streamable(MODEL, pattern(16, groups, dtype="float16"))
 
 
 @pytest.mark.parametrize("width", [1, 16, 80])
@@ -84,6 +112,16 @@ def test_dynamic_scatter_forward_pattern_sums_are_the_voxel_sums():
     pattern = material(op).access_pattern(inputs, params)
     _, out = run_pattern(MODEL, pattern, inputs["feats"], np.zeros((len(pattern.offsets) - 1, pattern.width)))
     np.testing.assert_allclose(out, material(op).reference(inputs, params)["voxel_feats"], rtol=1e-5, atol=1e-5)
+
+
+def test_voxel_pooling_backward_pattern_gathers_each_kept_points_row():
+    op, inputs, params = _case_inputs("voxel_pooling_backward", "net_2x20000x80_128x128")
+    pattern = material(op).access_pattern(inputs, params)
+    _, out = run_pattern(MODEL, pattern, inputs["grad_output"].reshape(-1, pattern.width),
+                         np.zeros((len(pattern.offsets) - 1, pattern.width)))
+    expected = material(op).reference(inputs, params)["grad_input_features"]
+    assert 0 < np.diff(pattern.offsets).sum() < len(pattern.offsets) - 1  # some points kept, some dropped
+    np.testing.assert_array_equal(out, expected.reshape(out.shape).astype(np.float32))
 
 
 def test_the_bench_holds_a_case_with_a_pattern_to_it():

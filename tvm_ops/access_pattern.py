@@ -23,11 +23,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .host_buffers import LINE_BYTES
+
 VECTOR = 256  # elements per step of a group's walk: W itself up to this, else its widest divisor below it
 # the walk prefetches the row this many entries on (rows at random: no hardware prefetcher
 # follows them), or nothing (0: where the rows are cache-resident, a prefetch is only an
 # instruction more); the roofline is the fastest of these
 AHEADS = (0, 8, 16, 32)
+# A gather's output of this size or more is also timed written past the caches (x86
+# non-temporal stores of whole lines), as a kernel streaming such an output writes it
+# (voxel_pooling_backward): the faster variant is the roofline.
+STREAM_MIN_BYTES = 32 << 20
+# groups per task of the streamed variant: its stores are ordered (SFENCE) once per task
+STREAMED_TASK_GROUPS = 64
 
 
 @dataclass
@@ -83,11 +91,12 @@ def timing_arguments(pattern: AccessPattern) -> list:
     return _arguments(pattern, table, rng.uniform(-1, 1, (len(pattern.offsets) - 1, pattern.width)))
 
 
-def run_pattern(model, pattern: AccessPattern, table: np.ndarray, src: np.ndarray, ahead: int = AHEADS[1]):
+def run_pattern(model, pattern: AccessPattern, table: np.ndarray, src: np.ndarray, ahead: int = AHEADS[1],
+                streamed: bool = False):
     """(updated table, out) of one run of the pattern's kernel: what its sums are (for the
     tests; with scattered rows shared between groups on several cores, `updated` races)."""
     args = _arguments(pattern, table, src)
-    kernel(model, pattern, ahead)["pattern"](*args)
+    kernel(model, pattern, ahead, streamed)["pattern"](*args)
     return args[1].numpy(), args[3].numpy()
 
 
@@ -109,32 +118,59 @@ def _vector(width: int) -> int:
     return max(d for d in range(1, min(width, VECTOR) + 1) if width % d == 0)
 
 
+def _lanes(model, vector: int) -> int:
+    """Elements per vector register of a step: whole registers (an odd-sized vector, e.g.
+    80 lanes, compiles to lane shuffles)."""
+    lanes = 1
+    while lanes < model.lanes("float32") and vector % (2 * lanes) == 0:
+        lanes *= 2
+    return lanes
+
+
+def streamable(model, pattern: AccessPattern) -> bool:
+    """Whether the pattern is also timed with its output streamed: a gather alone whose
+    [G, W] float32 output is STREAM_MIN_BYTES or more, on an x86 host whose vector registers
+    are whole cache lines, each row whole lines (the output starts on one, as TVM tensors
+    do)."""
+    from .ops import cpu_ir
+
+    line_words = LINE_BYTES // 4
+    lanes = _lanes(model, _vector(pattern.width))
+    groups = len(pattern.offsets) - 1
+    return (pattern.gather and not pattern.scatter and pattern.dtype == "float32"
+            and groups * pattern.width * 4 >= STREAM_MIN_BYTES and cpu_ir.has_streaming_stores(model.features())
+            and lanes % line_words == 0 and pattern.width % line_words == 0)
+
+
 _kernels: dict = {}
 
 
-def kernel(model, pattern: AccessPattern, ahead: int):
-    """The pattern's kernel (built once per process per vector, `ahead`, kind and dtype):
-    groups over the cores, each group's rows walked `vector` elements at a time (a
-    vectorised lane loop), float32 sums, each entry prefetching the row `ahead` entries on
-    (as an optimised gather does: a roofline must be the pattern's best)."""
+def kernel(model, pattern: AccessPattern, ahead: int, streamed: bool = False):
+    """The pattern's kernel (built once per process per vector, `ahead`, kind, dtype and
+    `streamed`): groups over the cores, each group's rows walked `vector` elements at a
+    time (a vectorised lane loop), float32 sums, each entry prefetching the row `ahead`
+    entries on (as an optimised gather does: a roofline must be the pattern's best);
+    `streamed` (only where streamable): the gather's output rows stored past the caches,
+    tasks of STREAMED_TASK_GROUPS groups each ending with a fence."""
     vector, gather, scatter, dtype = _vector(pattern.width), pattern.gather, pattern.scatter, pattern.dtype
-    key = (model.key, vector, ahead, gather, scatter, dtype)
+    key = (model.key, vector, ahead, gather, scatter, dtype, streamed)
     if key in _kernels:
         return _kernels[key]
     import tvm
     from tvm.script import tirx as T
 
+    from .ops import cpu_ir
     from .ops.point_vectors import scratch_scope
     from .ops.prefetch import prefetch_words
 
     scratch = scratch_scope(model.kind)  # the per-group accumulator
     f32 = "float32"
-    # whole vector registers, `parts` of them per step (an odd-sized vector, e.g. 80 lanes,
-    # compiles to lane shuffles)
-    lanes = 1
-    while lanes < model.lanes("float32") and vector % (2 * lanes) == 0:
-        lanes *= 2
-    parts = vector // lanes
+    lanes = _lanes(model, vector)
+    parts = vector // lanes  # whole vector registers per step
+    K = STREAMED_TASK_GROUPS if streamed else 1  # groups per parallel task
+    stream = f"tvm_ops_stream_x{lanes}_float32"
+    task_annotations = {"pragma_import_llvm": cpu_ir.stream_ir(model.features(), lanes, "float32")} if streamed \
+        else None
 
     @T.prim_func(s_tir=True)
     def pattern(table_h: T.handle, updated_h: T.handle, src_h: T.handle, out_h: T.handle, offsets_h: T.handle,
@@ -153,29 +189,37 @@ def kernel(model, pattern: AccessPattern, ahead: int):
                     for part in T.unroll(parts):
                         for lane in T.vectorized(lanes):
                             updated[r, step * vector + part * lanes + lane] = T.Cast(dtype, 0)
-        for g in T.parallel(G):
-            for step in range(W // vector):
-                acc = T.alloc_buffer((vector,), f32, scope=scratch)
-                for part in T.unroll(parts):
-                    for lane in T.vectorized(lanes):
-                        acc[part * lanes + lane] = T.float32(0)
-                for e in range(offsets[g], offsets[g + 1]):
-                    row = T.Bind(index[e])
-                    if ahead > 0:
-                        later = T.Bind(index[T.min(e + ahead, E - 1)])
-                        prefetch_words(lambda i: (table if gather else updated)[later, step * vector + i],
-                                       vector, 1 if scatter else 0)
+        for t in T.parallel(T.ceildiv(G, K), annotations=task_annotations):
+            for k in range(T.min(K, G - t * K)):  # (from 0: a loop from t * K ran every g as 0)
+                g = T.Bind(t * K + k)
+                for step in range(W // vector):
+                    acc = T.alloc_buffer((vector,), f32, scope=scratch)
                     for part in T.unroll(parts):
                         for lane in T.vectorized(lanes):
-                            at = T.meta_var(step * vector + part * lanes + lane)
-                            if gather:
-                                acc[part * lanes + lane] = acc[part * lanes + lane] + T.Cast(f32, table[row, at])
-                            if scatter:
-                                updated[row, at] = updated[row, at] + src[g, at]
-                if gather:
-                    for part in T.unroll(parts):
-                        for lane in T.vectorized(lanes):
-                            out[g, step * vector + part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
+                            acc[part * lanes + lane] = T.float32(0)
+                    for e in range(offsets[g], offsets[g + 1]):
+                        row = T.Bind(index[e])
+                        if ahead > 0:
+                            later = T.Bind(index[T.min(e + ahead, E - 1)])
+                            prefetch_words(lambda i: (table if gather else updated)[later, step * vector + i],
+                                           vector, 1 if scatter else 0)
+                        for part in T.unroll(parts):
+                            for lane in T.vectorized(lanes):
+                                at = T.meta_var(step * vector + part * lanes + lane)
+                                if gather:
+                                    acc[part * lanes + lane] = acc[part * lanes + lane] + T.Cast(f32, table[row, at])
+                                if scatter:
+                                    updated[row, at] = updated[row, at] + src[g, at]
+                    if gather:
+                        for part in T.unroll(parts):
+                            if streamed:  # float32: the sums themselves, a whole line per part
+                                T.evaluate(T.call_extern("void", stream, T.address_of(
+                                    out[g, step * vector + part * lanes]), acc[T.Ramp(part * lanes, 1, lanes)]))
+                            else:
+                                for lane in T.vectorized(lanes):
+                                    out[g, step * vector + part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
+            if streamed:
+                T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
 
     lib = tvm.tirx.build(tvm.IRModule({"pattern": pattern.with_attr("global_symbol", "pattern")}),
                          target=model.tvm_target())

@@ -352,14 +352,16 @@ def _dram_roofline(model: TargetModel, repeat: int) -> Roofline:
 
 
 def pattern_roofline(model: TargetModel, pattern, io_bytes: float, repeat: int) -> Roofline:
-    """The case's accesses alone (tvm_ops/access_pattern.py), each prefetch distance timed:
-    the fastest is the roofline."""
+    """The case's accesses alone (tvm_ops/access_pattern.py), each prefetch distance timed
+    (and, for a large gathered output, cached and streamed stores): the fastest is the
+    roofline."""
     import tvm
 
     args = access_pattern.timing_arguments(pattern)
-    timings = {f"roofline {pattern.name} ahead {ahead}":
-               Timed(kernel_timing(access_pattern.kernel(model, pattern, ahead), "pattern", tvm.cpu(), args), "tvm",
-                     repeat) for ahead in access_pattern.AHEADS}
+    stores = (False, True) if access_pattern.streamable(model, pattern) else (False,)
+    timings = {f"roofline {pattern.name} ahead {ahead}{' streamed' if streamed else ''}":
+               Timed(kernel_timing(access_pattern.kernel(model, pattern, ahead, streamed), "pattern", tvm.cpu(), args),
+                     "tvm", repeat) for ahead in access_pattern.AHEADS for streamed in stores}
     return Roofline(pattern.name, io_bytes, timings)
 
 

@@ -48,13 +48,36 @@ def reference(inputs, params):
     grad = np.asarray(inputs["grad_output"]).astype(np.float64)
     memo = np.asarray(inputs["pos_memo"]).astype(np.int64)
     B, Y, X, C = grad.shape
-    N = memo.shape[1]
-    b = np.broadcast_to(np.arange(B)[:, None], (B, N))
-    mb, y, x = memo[..., 0], memo[..., 1], memo[..., 2]
-    kept = (mb == b) & (y >= 0) & (y < Y) & (x >= 0) & (x < X)
-    out = np.zeros((B, N, C))
-    out[kept] = grad[b[kept], y[kept], x[kept]]
+    kept = kept_points(memo, B, Y, X)
+    out = np.zeros((B, memo.shape[1], C))
+    out[kept] = grad.reshape(-1, C)[voxel_rows(memo, Y, X)[kept]]
     return {"grad_input_features": out}
+
+
+def kept_points(memo: np.ndarray, B: int, Y: int, X: int) -> np.ndarray:
+    """[B, N] bool: the points whose pos_memo names their own batch and a voxel of the grid."""
+    b, y, x = memo[..., 0], memo[..., 1], memo[..., 2]
+    return (b == np.arange(B)[:, None]) & (y >= 0) & (y < Y) & (x >= 0) & (x < X)
+
+
+def voxel_rows(memo: np.ndarray, Y: int, X: int) -> np.ndarray:
+    """[B, N] int64: the row (b, y, x) of grad_output seen as [B * Y * X, C] (meaningful
+    where the point is kept)."""
+    return (memo[..., 0] * Y + memo[..., 1]) * X + memo[..., 2]
+
+
+def access_pattern(inputs, params):
+    """The gathers alone: each kept point's output row from its voxel's grad_output row, in
+    point order; a dropped point's row is written (zeros), nothing read. The random rows,
+    not the bytes, bound the op: with every point dropped (only the output written) the
+    kernel ran in a third of the time (docs/kernels/voxel_pooling_backward.md)."""
+    from ..access_pattern import AccessPattern, offsets_of
+
+    grad, memo = inputs["grad_output"], np.asarray(inputs["pos_memo"]).astype(np.int64)
+    B, Y, X, C = grad.shape
+    kept = kept_points(memo, B, Y, X)
+    return AccessPattern(B * Y * X, C, offsets_of(kept), voxel_rows(memo, Y, X)[kept], gather=True, scatter=False,
+                         dtype=str(grad.dtype))
 
 
 def peers(inputs, params):
