@@ -59,3 +59,41 @@ def test_dram_is_the_faster_of_the_cached_and_the_streamed_copy():
     assert dram.name == "DRAM" and set(dram.timings) == {"roofline copy", "roofline copy streamed"}
     medians = {"roofline copy": 2.0, "roofline copy streamed": 1.0}
     assert dram.bandwidth(medians) == dram.moved / 1.0  # the faster copy is the roofline
+
+
+def test_the_read_kernel_sums_each_tasks_rows():
+    import numpy as np
+    import tvm
+
+    model = targets.resolve("llvm")
+    lib, K = bench.read_kernel(model), bench._READ_TASK_ROWS
+    for rows in (1, K - 1, K + 1, 3 * K):  # tasks and their tail
+        src = np.random.default_rng(rows).random((rows, bench._COPY_ROW), dtype=np.float32)
+        tasks = -(-rows // K)
+        sums = tvm.runtime.tensor(np.full((tasks, bench._COPY_ROW), np.nan, np.float32), tvm.cpu())
+        lib["read"](tvm.runtime.tensor(src, tvm.cpu()), sums)
+        expected = np.stack([src[t * K:(t + 1) * K].astype(np.float64).sum(0) for t in range(tasks)])
+        np.testing.assert_allclose(sums.numpy(), expected, rtol=1e-5)
+
+
+def test_a_case_that_mostly_reads_is_held_to_reading_alone_too():
+    copy, read = "roofline copy", bench.READ_TIMING
+    # the copy moves 2 GB/s (read + written), the read kernel reads 1 GB/s
+    bound = bench.Roofline("DRAM", 2.0, {copy: None, read: None}, reads=90.0, io_bytes=100.0, read_moved=1.0)
+    medians = {copy: 1.0, read: 1.0}
+    assert bound.bandwidth(medians) == pytest.approx(100.0 / 90.0)  # 90 bytes read at 1 B/s: 90 s
+    bound.reads = 10.0  # mostly written: the copy's 2 B/s bounds it (50 s against 10 s of reading)
+    assert bound.bandwidth(medians) == pytest.approx(2.0)
+    assert bench.Roofline("DRAM", 2.0, {copy: None}).bandwidth({copy: 1.0}) == 2.0  # no reads given
+
+
+def test_only_a_dram_case_times_the_read_kernel():
+    model = targets.resolve("llvm")
+    l3 = targets.cache_bytes(3) or 1 << 30
+    dram = bench.bytes_roofline(model, 4 * l3, 1e6, repeat=1, reads=3 * l3)
+    assert dram.name == "DRAM" and bench.READ_TIMING in dram.timings
+    assert (dram.reads, dram.io_bytes) == (3 * l3, 4 * l3) and dram.read_moved >= 2 * l3
+    assert bench.READ_TIMING not in bench.bytes_roofline(model, 4 * l3, 1e6, repeat=1).timings
+    if targets.cache_bytes(2):
+        cached = bench.bytes_roofline(model, 1024, 1e6, repeat=1, reads=512)
+        assert cached.name in ("L2", "L3") and bench.READ_TIMING not in cached.timings

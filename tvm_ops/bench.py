@@ -9,7 +9,10 @@ that level's bandwidth, measured in the same run by the same copy kernel over a 
 of the case's size (the data stays in the cache between repeats, as the case's does).
 DRAM's is the faster of two copies: with cached stores, and (x86 CPUs whose vector is a
 whole cache line) with non-temporal ones, which skip the read of each line a cached store
-makes first: the bytes DRAM can move, which a kernel streaming its output reaches.
+makes first: the bytes DRAM can move, which a kernel streaming its output reaches. Reading
+alone is slower than that (two cores' loads in flight, not the memory, bound it), so a
+case that mostly reads is also held to the read kernel's bandwidth for its inputs' bytes
+(`Roofline`).
 Where a case is bound by where its bytes are rather than how many (corner gathers: the
 testing module's `access_pattern`), the roofline is the time of its accesses alone, in
 its kernel's order (tvm_ops/access_pattern.py), measured in the same run.
@@ -299,20 +302,91 @@ def _streamed_copy_module(model: TargetModel):
     return sch.mod
 
 
+READ_TIMING = "roofline read"
+
+
 @dataclass
 class Roofline:
     """What bounds a case, timed beside it: `name` (L2, L3, DRAM or an access pattern),
     the bytes each run of its timings moves, the timings (the fastest one's median is its
-    time) and a bandwidth it is at least (a cache level's: the DRAM stream)."""
+    time) and a bandwidth it is at least (a cache level's: the DRAM stream).
+
+    DRAM with a READ_TIMING (the read kernel: `read_moved` bytes a run): two cores read
+    alone slower than a copy reads and writes together, so a case reading `reads` of its
+    `io_bytes` takes at least reads / (the read bandwidth) as well as io_bytes / (the
+    copy's): the slower of the two is its time, io_bytes over it the bandwidth."""
     name: str
     moved: float
     timings: dict
     floor: float = 0.0
+    reads: float = 0.0
+    io_bytes: float = 0.0
+    read_moved: float = 0.0
 
     def bandwidth(self, medians: dict) -> float:
         if not self.timings:
             return self.floor
-        return max(self.moved / min(medians[name] for name in self.timings), self.floor)
+        copy = max(self.moved / min(medians[name] for name in self.timings if name != READ_TIMING), self.floor)
+        if READ_TIMING not in self.timings:
+            return copy
+        seconds = max(self.reads * medians[READ_TIMING] / self.read_moved, self.io_bytes / copy)
+        return self.io_bytes / seconds
+
+
+def read_timing(model: TargetModel) -> tuple[int, Callable[[], float]]:
+    """(bytes read per run, block timer) of the read kernel (this CPU): a parallel,
+    vectorised sum of a [rows, 256] float32 buffer twice the L3 (at least the stream's
+    bytes), so each run reads it from memory; each task of _READ_TASK_ROWS rows adds them
+    into its row of sums, a 64th of the bytes read."""
+    import tvm
+
+    from .targets import cache_bytes
+
+    rows = _copy_rows(2 * max(STREAM_BYTES, 2 * (cache_bytes(3) or 0)))
+    return rows * _COPY_ROW * 4, kernel_timing(read_kernel(model), "read", tvm.cpu(), _read_buffers(rows))
+
+
+@functools.lru_cache(maxsize=1)  # allocated once per process
+def _read_buffers(rows: int) -> list:
+    import tvm
+
+    tasks = -(-rows // _READ_TASK_ROWS)
+    return [tvm.runtime.tensor(np.ones((rows, _COPY_ROW), "float32"), tvm.cpu()),
+            tvm.runtime.empty((tasks, _COPY_ROW), "float32", tvm.cpu())]
+
+
+_READ_TASK_ROWS = 64
+_read_kernels: dict = {}
+
+
+def read_kernel(model: TargetModel):
+    """The read kernel's library for this CPU, built once per process: sums[t, i] = the
+    sum of a[r, i] over task t's rows r."""
+    import tvm
+    from tvm.script import tirx as T
+
+    if model.key in _read_kernels:
+        return _read_kernels[model.key]
+    K, lanes = _READ_TASK_ROWS, model.lanes("float32")
+
+    @T.prim_func(s_tir=True)
+    def read(a_h: T.handle, sums_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        rows, tasks = T.int32(), T.int32()
+        a = T.match_buffer(a_h, (rows, _COPY_ROW), "float32")
+        sums = T.match_buffer(sums_h, (tasks, _COPY_ROW), "float32")
+        for t in T.parallel(tasks):
+            for o in range(_COPY_ROW // lanes):
+                for lane in T.vectorized(lanes):
+                    sums[t, o * lanes + lane] = T.float32(0)
+            for j in range(T.min(K, rows - t * K)):
+                for o in range(_COPY_ROW // lanes):
+                    for lane in T.vectorized(lanes):
+                        sums[t, o * lanes + lane] = sums[t, o * lanes + lane] + a[t * K + j, o * lanes + lane]
+
+    _read_kernels[model.key] = tvm.tirx.build(tvm.IRModule({"read": read.with_attr("global_symbol", "read")}),
+                                              target=model.tvm_target())
+    return _read_kernels[model.key]
 
 
 def cache_level(model: TargetModel, io_bytes: float) -> str | None:
@@ -327,18 +401,24 @@ def cache_level(model: TargetModel, io_bytes: float) -> str | None:
     return None
 
 
-def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: int) -> Roofline:
+def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: int, reads: float = 0.0) -> Roofline:
     """The copy kernel at the case's size where a cache level holds its bytes (data staying
     in the cache between runs, as the case's does), else over the stream's buffers, with
-    cached and (streamed_copy) streamed stores; another target than this CPU: `stream`,
-    measured once (its rooflines are not measured per case)."""
+    cached and (streamed_copy) streamed stores, and, for a case reading `reads` bytes, the
+    read kernel (Roofline); another target than this CPU: `stream`, measured once (its
+    rooflines are not measured per case)."""
     if not host_cpu(model):
         return Roofline("DRAM", 0.0, {}, stream)
     level = cache_level(model, io_bytes)
     if level:  # a streamed store bypasses the cache level measured here
         moved, block = copy_timing(model, int(io_bytes))
         return Roofline(level, moved, {"roofline copy": Timed(block, "tvm", repeat)}, stream)
-    return _dram_roofline(model, repeat)
+    dram = _dram_roofline(model, repeat)
+    if reads:
+        read_moved, block = read_timing(model)
+        dram.timings[READ_TIMING] = Timed(block, "tvm", repeat)
+        dram.reads, dram.io_bytes, dram.read_moved = min(reads, io_bytes), io_bytes, read_moved
+    return dram
 
 
 def _dram_roofline(model: TargetModel, repeat: int) -> Roofline:
@@ -429,8 +509,9 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
     # the case's accesses themselves (its streams included) where its bytes are not what
     # bounds it (or overstate it: a gather need not touch every row of its table)
+    reads = sum(np.asarray(value).nbytes for value in inputs.values() if isinstance(value, np.ndarray))
     bound = (pattern_roofline(model, pattern, io_bytes, repeat) if pattern is not None
-             else bytes_roofline(model, io_bytes, bandwidth, repeat))
+             else bytes_roofline(model, io_bytes, bandwidth, repeat, reads))
     medians = interleaved_medians({**timings, **peers, **bound.timings}, repeat)
     seconds, bound_bandwidth = medians["case"], bound.bandwidth(medians)
     peer_ms = {name.removeprefix("peer "): medians[name] * 1e3 for name in peers}
