@@ -6,8 +6,7 @@ import pytest
 
 from tvm_ops import bench, runner, targets
 from tvm_ops.access_pattern import AHEADS, STREAM_MIN_BYTES, AccessPattern, csr, fixed_groups, run_pattern, streamable
-from tvm_ops.ops import cpu_ir
-from tvm_ops.ops import get
+from tvm_ops.ops import cpu_ir, get
 from tvm_ops.testing import material
 
 MODEL = targets.resolve("llvm")

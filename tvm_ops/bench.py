@@ -342,7 +342,7 @@ def read_timing(model: TargetModel) -> tuple[int, Callable[[], float]]:
 
     from .targets import cache_bytes
 
-    rows = _copy_rows(2 * max(STREAM_BYTES, 2 * (cache_bytes(3) or 0)))
+    rows = max(STREAM_BYTES, 2 * (cache_bytes(3) or 0)) // (_COPY_ROW * 4)
     return rows * _COPY_ROW * 4, kernel_timing(read_kernel(model), "read", tvm.cpu(), _read_buffers(rows))
 
 
@@ -509,7 +509,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     pattern = pattern_of(inputs, params) if pattern_of is not None and host_cpu(model) and io_bytes else None
     # the case's accesses themselves (its streams included) where its bytes are not what
     # bounds it (or overstate it: a gather need not touch every row of its table)
-    reads = sum(np.asarray(value).nbytes for value in inputs.values() if isinstance(value, np.ndarray))
+    reads = sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))
     bound = (pattern_roofline(model, pattern, io_bytes, repeat) if pattern is not None
              else bytes_roofline(model, io_bytes, bandwidth, repeat, reads))
     medians = interleaved_medians({**timings, **peers, **bound.timings}, repeat)
