@@ -43,6 +43,17 @@ def fma_position(dtype: str):
     return position
 
 
+def intrinsic_fma_position(dtype: str):
+    """fma_position through LLVM's llvm.fma intrinsic: the same fused multiply-add, and one
+    that TVM's vectoriser keeps in vector form (it scalarises the extern call of FMA_IR)."""
+    assert dtype == "float32", dtype
+
+    def position(coord, size):
+        return tirx.call_llvm_pure_intrin(dtype, "llvm.fma", coord, tirx.Cast(dtype, size), tirx.const(-0.5, dtype))
+
+    return position
+
+
 def exact_position(dtype: str):
     """position(coord, size) through float64: the product of a float32 and a level size is
     exact there, so only the final cast rounds (CUDA)."""

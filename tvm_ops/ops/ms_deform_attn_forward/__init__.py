@@ -6,15 +6,18 @@ backward uses (ops/ms_deform_attn_sampling.py: strict validity test, per-corner 
 unused corners contribute nothing), so forward and backward agree on every sample.
 Semantics: docs/semantics.md; the contract: specs/ms_deform_attn_forward.yaml.
 
-Kernels (symbolic B, K, H, C, L, Q, P; a TensorIR compute scheduled per target in
-schedule.py): `forward` and `forward_private`, and `*_fixed_c`, the same two with the
-channel count compiled in (knob fixed_c, default 32: every Deformable-DETR and BEVFormer
-configuration has 256 channels over 8 heads), used when C matches.
-  CPU: owner computes, a (batch, head) slice per parallel task, queries in order, the
-      output row summed in registers (fixed C) over (level, point, corner), channels in
-      vectors. `forward_private` gathers from a contiguous copy of the slice's value rows,
-      picked by shape (policy_llvm). With a symbolic C the channel loop is scalar code.
-  CUDA: a thread per output element, as mmcv's im2col; every name holds the same kernel.
+Kernels (symbolic B, K, H, C, L, Q, P): `forward` and `forward_private`, and `*_fixed_c`,
+the same two with the channel count compiled in (knob fixed_c, default 32: every
+Deformable-DETR and BEVFormer configuration has 256 channels over 8 heads), used when C
+matches.
+  CPU (cpu_forward_compute, a hand-written loop nest: the query blocks' clamped spare lanes
+      have no compute form): owner computes, a (batch, head) slice per parallel task, its
+      queries in blocks of query_block; per block the rows and weights of every corner
+      first, the queries in vector lanes, then each query's output row summed in registers
+      (fixed C) over (level, point, corner), channels in vectors. `forward_private` gathers
+      from a contiguous copy of the slice's value rows, picked by shape (policy_llvm).
+  CUDA (forward_compute, a TensorIR compute scheduled in schedule.py): a thread per output
+      element, as mmcv's im2col; every name holds the same kernel.
 No atomics: each output element is summed by one thread in (l, p, k) order, the same
 bits on every run.
 
@@ -27,9 +30,9 @@ from __future__ import annotations
 
 from ... import policy
 from ..base import Operator
-from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice, exact_position, fma_position
+from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice, exact_position
 from . import schedule
-from .compute import KERNELS, forward_compute
+from .compute import KERNELS, cpu_forward_compute, forward_compute
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
@@ -60,7 +63,8 @@ class MsDeformAttnForward(LevelChecks, Operator):
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
             fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under every name)
-            return {name: forward_compute(dtype, fma_position(dtype), fixed if name.endswith("_fixed_c") else None)
+            return {name: cpu_forward_compute(dtype, plan["lanes"], "_private" in name, int(plan["query_block"]),
+                                              fixed if name.endswith("_fixed_c") else None)
                     for name in KERNELS}
         return {name: forward_compute(dtype, exact_position(dtype)) for name in KERNELS}
 

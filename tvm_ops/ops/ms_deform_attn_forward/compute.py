@@ -1,4 +1,16 @@
-"""TensorIR compute of ms_deform_attn_forward: sample and corner blocks and a gather reduction.
+"""Kernels of ms_deform_attn_forward: a hand-written CPU loop nest and the TensorIR compute.
+
+The CPU kernel (`cpu_forward_compute`) is TensorIR written in its scheduled form, not a
+compute plus a schedule: it works on blocks of queries, first every corner's row and weight
+of the block with the queries in vector lanes (the last block's spare lanes recompute the
+last query and are never used), then each query's gather. Those clamped spare lanes have no
+compute form over [0, Q); the same compute scheduled that way (sample and corner blocks at
+the query block) keeps the tail's predicate, which TVM's vectoriser scalarises and LLVM
+vectorises with gathers of the level tables, ~1.7x slower (docs/kernels/
+ms_deform_attn_forward.md). It is portable as written (llvm.fma, the target's vector
+width), so it needs no fallback. CUDA schedules the compute below (schedule.py).
+
+The compute (`forward_compute`):
 
     sample[b, q, h, l, p]     the sample's cell (y0, x0) and offsets (lh, lw), or SKIPPED
     corner[b, q, h, l, p, k]  row and weight (bilinear weight * attention) of corner k of
@@ -23,7 +35,7 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..ms_deform_attn_sampling import cell_macro, corner_of_cell_macro
+from ..ms_deform_attn_sampling import cell_macro, corner_of_cell_macro, intrinsic_fma_position
 
 
 # *_private: gather from a contiguous copy of the (batch, head) slice (CPU; on CUDA the same
@@ -32,8 +44,7 @@ KERNELS = ("forward", "forward_private", "forward_fixed_c", "forward_private_fix
 
 
 def forward_compute(dtype: str, position, channels: int | None = None):
-    """The forward with sampling positions by `position` (fma_position on the CPU,
-    exact_position on CUDA)."""
+    """The forward with sampling positions by `position` (CUDA: exact_position)."""
     zero = tirx.const(0, dtype)
     cell = cell_macro(dtype, position)
     corner = corner_of_cell_macro(dtype)
@@ -85,5 +96,134 @@ def forward_compute(dtype: str, position, channels: int | None = None):
                 # the load only for a used corner: r is -1 otherwise
                 out[vb, vq, vh, vc] = out[vb, vq, vh, vc] + T.if_then_else(
                     r >= 0, weight[vb, vq, vh, vl, vp, vk] * value[vb, T.max(r, 0), vh, vc], zero)
+
+    return forward
+
+
+def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int, channels: int | None = None):
+    """The CPU kernel, written in its scheduled form (see the module docstring).
+
+    Task = one (b, h) slice (parallel over B*H), its queries in blocks of `query_block`.
+    Per block: every (level, point, corner) of its queries gets its row (-1: unused) and
+    weight (bilinear weight * attention), the queries in vector lanes and the sampling rule
+    branch-free (the backward's rule: strict validity test, per-corner validity, rows in
+    int64 checked against [0, K)); then each query sums its used corners' rows in (l, p, k)
+    order, the channels in vectors, only used corners loaded (a select with zero would add
+    0.0 on every corner: no FMA, a longer dependency chain). Rows are addressed through a
+    2-D [rows, C] view: row r of the (b, h) slice is row (b*K + r)*H + h of `value`, or row
+    r of the private copy.
+
+    private: the task first copies its value slice into a contiguous [K, C] workspace (pays
+    off when a slice receives many samples: BEVFormer). channels: C as a constant (None:
+    symbolic); the output row then sums in registers, otherwise in place.
+    """
+    V, QB = lanes, query_block
+    EL = np.dtype(dtype).itemsize
+    zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
+    channel_count = tirx.Var("C", "int32") if channels is None else tirx.IntImm("int32", channels)
+    position = intrinsic_fma_position(dtype)
+
+    @T.macro
+    def block_corners(shapes, lsi, loc, attn, rows, weights, b, h, K, Q, L, P, q0):
+        for l in range(L):
+            hl: T.let = shapes[l, 0]
+            wl: T.let = shapes[l, 1]
+            for p in range(P):
+                for i in T.vectorized(QB):
+                    q: T.let = T.min(q0 + i, Q - 1)
+                    h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
+                    w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
+                    # 1 where the strict validity test passes (NaN / Inf fail it); the cell
+                    # from the position clamped into [-1, size], so floor() -> int32 cannot
+                    # overflow (the cell of a failed sample is never used)
+                    inside: T.let = T.Select(T.And(T.And(h_im > minus_one, w_im > minus_one),
+                                                   T.And(h_im < T.Cast(dtype, hl), w_im < T.Cast(dtype, wl))), 1, 0)
+                    y0: T.let = T.Cast("int32", T.floor(T.max(T.min(h_im, T.Cast(dtype, hl)), minus_one)))
+                    x0: T.let = T.Cast("int32", T.floor(T.max(T.min(w_im, T.Cast(dtype, wl)), minus_one)))
+                    lh: T.let = h_im - T.Cast(dtype, y0)
+                    lw: T.let = w_im - T.Cast(dtype, x0)
+                    a: T.let = attn[b, q, h, l, p]
+                    r00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y0) * T.Cast("int64", wl) + T.Cast("int64", x0)
+                    for k in T.unroll(4):
+                        r: T.let = r00 + T.Cast("int64", k // 2 * wl + k % 2)
+                        fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
+                        fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
+                        # (no boolean lets: a vector of them does not compile in TVM 0.27)
+                        used: T.let = T.Select(T.And(T.And(inside > 0, T.Cast("uint64", r) < T.Cast("uint64", K)),
+                                                     T.And(T.Select(k // 2 == 1, y0 < hl - 1, y0 >= 0),
+                                                           T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0))), 1, 0)
+                        rows[l, p, k, i] = T.Select(used > 0, T.Cast("int32", r), -1)
+                        weights[l, p, k, i] = T.Select(used > 0, fy * fx * a, zero)
+
+    @T.macro
+    def block_gathers(vbuf, scale, offset, rows, weights, out, b, h, Q, L, P, C, q0):
+        for i in range(T.min(QB, Q - q0)):
+            with T.sblock("query"):
+                T.reads()
+                T.writes()
+                if channels is not None:
+                    # a small constant-size buffer: a stack alloca that LLVM keeps in registers
+                    acc = T.sblock_alloc_buffer((C,), dtype)
+                    for c in T.vectorized(C):
+                        acc[c] = zero
+                    for l, p, k in T.grid(L, P, 4):
+                        if rows[l, p, k, i] >= 0:
+                            row: T.let = rows[l, p, k, i] * scale + offset
+                            for c in T.vectorized(C):
+                                acc[c] = acc[c] + weights[l, p, k, i] * vbuf[row, c]
+                    for c in T.vectorized(C):
+                        out[b, q0 + i, h, c] = acc[c]
+                else:
+                    for c in range(C):
+                        out[b, q0 + i, h, c] = zero
+                    for l, p, k in T.grid(L, P, 4):
+                        if rows[l, p, k, i] >= 0:
+                            row: T.let = rows[l, p, k, i] * scale + offset
+                            for c0 in range(C // V):
+                                for j in T.vectorized(V):
+                                    out[b, q0 + i, h, c0 * V + j] = (out[b, q0 + i, h, c0 * V + j]
+                                                                      + weights[l, p, k, i] * vbuf[row, c0 * V + j])
+                            for c in range(C % V):
+                                out[b, q0 + i, h, C // V * V + c] = (out[b, q0 + i, h, C // V * V + c]
+                                                                      + weights[l, p, k, i] * vbuf[row, C // V * V + c])
+
+    @T.prim_func(s_tir=True)
+    def forward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
+                attn_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, K, H, L, Q, P = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        C = T.meta_var(channel_count)
+        value = T.match_buffer(value_h, (B, K, H, C), dtype, align=EL)
+        shapes = T.match_buffer(shapes_h, (L, 2), "int32", align=4)
+        lsi = T.match_buffer(lsi_h, (L,), "int32", align=4)
+        loc = T.match_buffer(loc_h, (B, Q, H, L, P, 2), dtype, align=EL)
+        attn = T.match_buffer(attn_h, (B, Q, H, L, P), dtype, align=EL)
+        out = T.match_buffer(out_h, (B, Q, H, C), dtype, align=EL)
+        value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data, align=EL)
+        for bh in T.parallel(B * H):
+            with T.sblock("slice"):
+                # opaque: nothing schedules these blocks (they only scope the workspaces)
+                T.reads()
+                T.writes()
+                b: T.let = bh // H
+                h: T.let = bh % H
+                rows = T.sblock_alloc_buffer((L, P, 4, QB), "int32")
+                weights = T.sblock_alloc_buffer((L, P, 4, QB), dtype)
+                if private:
+                    vbuf = T.sblock_alloc_buffer((K, C), dtype)
+                    for r in range(K):
+                        if channels is not None:
+                            for c in T.vectorized(C):
+                                vbuf[r, c] = value[b, r, h, c]
+                        else:
+                            for c in range(C):
+                                vbuf[r, c] = value[b, r, h, c]
+                    for q0 in range((Q + QB - 1) // QB):
+                        block_corners(shapes, lsi, loc, attn, rows, weights, b, h, K, Q, L, P, q0 * QB)
+                        block_gathers(vbuf, 1, 0, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
+                else:
+                    for q0 in range((Q + QB - 1) // QB):
+                        block_corners(shapes, lsi, loc, attn, rows, weights, b, h, K, Q, L, P, q0 * QB)
+                        block_gathers(value_rows, H, b * K * H + h, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
 
     return forward

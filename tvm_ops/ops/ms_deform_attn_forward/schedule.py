@@ -1,47 +1,24 @@
 """Schedule recipes for ms_deform_attn_forward (knobs: schedules/ms_deform_attn_forward.yaml).
 
-Kernels: forward and forward_private, and their *_fixed_c twins (C compiled in). The
-compute (compute.py) is a sample block, a corner block and a gather reduction; both targets
-schedule it here, with each sample's cell and its corners' rows and weights computed next
-to the loads that use them.
+Kernels: forward and forward_private, and their *_fixed_c twins (C compiled in). On the
+CPU all are written in their scheduled form (compute.py, cpu_forward_compute). CUDA
+schedules the compute (a sample block, a corner block and a gather reduction) here, with
+each sample's cell and its corners' rows and weights computed next to the loads that use
+them.
 """
 
 from __future__ import annotations
 
-from ..ms_deform_attn_sampling import FMA_IR
 from .compute import KERNELS
 
 
 def llvm(sch, kernel, model, plan):
     """Owner computes: a parallel task owns a (batch, head) slice and walks its queries in
-    order. Per (b, q, h) the output row accumulates in a register tile (constant C) or in
-    place (symbolic C: a symbolic tile would be a heap workspace per query), over
-    (level, point, corner), the channels vectorised. The private kernels first copy the
-    slice's value rows (H rows apart in `value`) into a contiguous [K, C] buffer: the
-    gathers then touch 128-byte rows packed together (fewer pages and lines)."""
+    blocks (see cpu_forward_compute). The CPU kernels are written in their scheduled form
+    (the query blocks' clamped spare lanes have no compute form), so there is nothing to
+    apply here; knobs reach them through the plan."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    lanes = plan["lanes"]
-    fixed = kernel.endswith("_fixed_c")
-    out = sch.get_sblock("output")
-    b, q, h, c, l, p, k = sch.get_loops(out)
-    sch.reorder(b, h, q, l, p, k, c)
-    slice_ = sch.fuse(b, h)
-    sch.parallel(slice_)
-    sch.annotate(slice_, "pragma_import_llvm", FMA_IR)  # the sampling position's fma
-    if fixed:
-        tile = sch.cache_write(out, 0, "global")  # a small constant buffer: registers
-        sch.reverse_compute_at(tile, q)
-        sch.vectorize(sch.get_loops(tile)[-1])
-    if "_private" in kernel:
-        copy = sch.cache_read(out, "value", "global")
-        sch.compute_at(copy, slice_)
-        _vectorized(sch, sch.get_loops(copy)[-1], lanes, fixed)
-    c_o, _ = _vectorized(sch, c, lanes, fixed)
-    if fixed:
-        sch.unroll(c_o)
-    sch.decompose_reduction(out, l)
-    _samples_at(sch, p, None)
 
 
 def _samples_at(sch, p, scope):
@@ -56,14 +33,6 @@ def _samples_at(sch, p, scope):
         for block, buffers in ((corner, 2), (sample, 4)):
             for buffer in range(buffers):
                 sch.set_scope(block, buffer, scope)
-
-
-def _vectorized(sch, loop, lanes, fixed):
-    """Split `loop` into target vectors and vectorise them (with a symbolic extent the
-    split's predicate makes TVM emit scalar code: correct, slower)."""
-    outer, inner = sch.split(loop, [None, lanes])
-    sch.vectorize(inner)
-    return outer, inner
 
 
 def cuda(sch, kernel, model, plan):
