@@ -4,8 +4,7 @@ on every sample.
 
 The sampling position is the exact loc * size - 0.5 rounded once to the input precision:
 what mmcv's CUDA kernel gets from nvcc's fused multiply-add. On the CPU it is one fused
-multiply-add (FMA_IR, linked into the kernel through the loop annotation
-`pragma_import_llvm`), on CUDA it goes through float64 (`exact_position`). Without this the
+multiply-add (`fma_position`: llvm.fma), on CUDA it goes through float64 (`exact_position`). Without this the
 cell choice (where grad_sampling_loc is discontinuous) would depend on whether LLVM or nvcc
 contract the multiply and subtract.
 """
@@ -19,33 +18,9 @@ from tvm.script import tirx as T
 from .. import interop
 from ..errors import BadParamError
 
-# a fused multiply-add, always (TVM 0.27 finds no declaration for llvm.fma through
-# call_llvm_pure_intrin); linked in and inlined
-FMA_IR = """
-declare float @llvm.fma.f32(float, float, float)
-define float @tvm_ops_fma_f32(float %a, float %b, float %c) alwaysinline {
-entry:
-  %r = call float @llvm.fma.f32(float %a, float %b, float %c)
-  ret float %r
-}
-"""
-
-
 def fma_position(dtype: str):
     """position(coord, size) on the CPU: one fused multiply-add (size rounded to float as in
-    mmcv); needs FMA_IR linked into the kernel."""
-    assert dtype == "float32", dtype
-
-    def position(coord, size):
-        return tirx.call_extern("float32", "tvm_ops_fma_f32", coord, tirx.Cast(dtype, size),
-                                tirx.const(-0.5, dtype))
-
-    return position
-
-
-def intrinsic_fma_position(dtype: str):
-    """fma_position through LLVM's llvm.fma intrinsic: the same fused multiply-add, and one
-    that TVM's vectoriser keeps in vector form (it scalarises the extern call of FMA_IR)."""
+    mmcv), LLVM's llvm.fma intrinsic, which TVM's vectoriser keeps in vector form."""
     assert dtype == "float32", dtype
 
     def position(coord, size):
@@ -172,6 +147,55 @@ def corner_of_cell_macro(dtype: str):
                 w[vb, vq, vh, vl, vp, vk] = fy * fx
 
     return corner
+
+
+def block_corners_macro(dtype: str, queries: int, gradients: bool):
+    """The CPU kernels' per-block half of the rule: for one (level l, point p) and the block
+    of `queries` queries from q0, the queries in vector lanes (the last block's spare lanes
+    redo query Q - 1; their results are never read), branch-free:
+    rows[s, k, i] = corner k's value row (-1: unused or skipped) and weights[s, k, i] = its
+    bilinear weight * attention (0 when unused); with `gradients` also, per sample, the
+    offsets lhs / lws [s, i], the attention atts [s, i] and insides [s, i] = 1 where the
+    strict validity test passes (0: skipped). `s` is the caller's slot of (l, p). The same
+    rows and weights as corner_macro, bit for bit: the cell from the position clamped into
+    [-1, size] (finite, NaN included, so floor() -> int32 cannot overflow) is the true cell
+    wherever the test passes, rows are checked against [0, K) in int64."""
+    one, minus_one, zero = tirx.const(1, dtype), tirx.const(-1, dtype), tirx.const(0, dtype)
+    position = fma_position(dtype)
+
+    @T.macro
+    def block_corners(shapes, lsi, loc, attn, rows, weights, lhs, lws, atts, insides, b, h, K, Q, l, p, q0, s):
+        hl: T.let = shapes[l, 0]
+        wl: T.let = shapes[l, 1]
+        for i in T.vectorized(queries):
+            q: T.let = T.min(q0 + i, Q - 1)
+            h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
+            w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
+            # (no boolean lets: a vector of them does not compile in TVM 0.27)
+            inside: T.let = T.Select(T.And(T.And(h_im > minus_one, w_im > minus_one),
+                                           T.And(h_im < T.Cast(dtype, hl), w_im < T.Cast(dtype, wl))), 1, 0)
+            y0: T.let = T.Cast("int32", T.floor(T.max(T.min(h_im, T.Cast(dtype, hl)), minus_one)))
+            x0: T.let = T.Cast("int32", T.floor(T.max(T.min(w_im, T.Cast(dtype, wl)), minus_one)))
+            lh: T.let = h_im - T.Cast(dtype, y0)
+            lw: T.let = w_im - T.Cast(dtype, x0)
+            a: T.let = attn[b, q, h, l, p]
+            r00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y0) * T.Cast("int64", wl) + T.Cast("int64", x0)
+            if gradients:
+                lhs[s, i] = lh
+                lws[s, i] = lw
+                atts[s, i] = a
+                insides[s, i] = inside
+            for k in T.unroll(4):
+                r: T.let = r00 + T.Cast("int64", k // 2 * wl + k % 2)
+                fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
+                fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
+                used: T.let = T.Select(T.And(T.And(inside > 0, T.Cast("uint64", r) < T.Cast("uint64", K)),
+                                             T.And(T.Select(k // 2 == 1, y0 < hl - 1, y0 >= 0),
+                                                   T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0))), 1, 0)
+                rows[s, k, i] = T.Select(used > 0, T.Cast("int32", r), -1)
+                weights[s, k, i] = T.Select(used > 0, fy * fx * a, zero)
+
+    return block_corners
 
 
 def private_slice(sizes: dict, plan: dict) -> bool:

@@ -16,7 +16,9 @@ heads), used when C matches.
   CPU (cpu_backward_compute): ONE pass over the samples computes all three
       outputs. Owner computes: a parallel task owns a (batch, head) slice of
       grad_value (rows of one (b, h) only receive samples of that (b, h)), walks
-      its samples level by level in (q, p) order and, per corner row, does the scatter
+      its samples level by level in (q, p) order, a block of query_block queries at a
+      time (the block's cells, corner rows and weights first, the queries in vector
+      lanes: block_corners_macro, the forward's too), and, per corner row, does the scatter
       grad_value[row] += w_k a g and the dot d_k = sum_c g v_k in the same
       vectorised channel loop; then grad_attn = sum_k w_k d_k and
       grad_loc = (w_l a sum_k dx_k d_k, h_l a sum_k dy_k d_k) (the reference's
@@ -100,7 +102,7 @@ class MsDeformAttnBackward(LevelChecks, Operator):
             fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under both names)
             return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name, int(plan["prefetch"]),
                                                fixed if name.endswith("_fixed_c") else None,
-                                               int(plan["prefetch_near_kb"]))
+                                               int(plan["prefetch_near_kb"]), int(plan["query_block"]))
                     for name in KERNELS}
         return {name: cuda_backward_compute(dtype) for name in KERNELS}
 

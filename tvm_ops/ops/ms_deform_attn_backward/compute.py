@@ -16,7 +16,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 from .. import task_queue
-from ..ms_deform_attn_sampling import FMA_IR, corner_macro, exact_position, fma_position
+from ..ms_deform_attn_sampling import block_corners_macro, corner_macro, exact_position
 from ..prefetch import prefetch_words
 
 # *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
@@ -179,13 +179,16 @@ def _four_lane_sums(acc, V: int):
 
 
 def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, channels: int | None = None,
-                         near_kb: int = 0):
+                         near_kb: int = 0, query_block: int = 16):
     """The CPU kernel, written in its scheduled form (see the module docstring): one pass
     over the samples computes all three outputs.
 
     Task = one (b, h) slice (parallel over B*H); inside it the samples are walked level
     by level in (q, p) order, so every grad_value row gets its contributions in a fixed
-    order (deterministic, no atomics). Per sample the four corners are unrolled; per corner
+    order (deterministic, no atomics). The queries go in blocks of `query_block`: first
+    each sample's cell, corner rows and weights * attention for the whole block, the
+    queries in vector lanes and the rule branch-free (block_corners_macro, bit for bit the
+    per-sample rule), then the samples. Per sample the four corners are unrolled; per corner
     the channel loop is vectorised (`lanes`, scalar tail for C % lanes) and does both
     the scatter into grad_value and the dot d_k = sum_c g * v_k (a [4, lanes]
     accumulator; the four lane sums in one shuffle tree, _four_lane_sums). Rows are
@@ -217,12 +220,12 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     # its lane sum alone
     whole_vectors = channels is not None and channels % V == 0
 
-    # the spec's only dtype: the sampling position is float32's fused multiply-add
-    position = fma_position(dtype)
+    QB = query_block
+    block_corners = block_corners_macro(dtype, QB, gradients=True)
 
     @T.macro
-    def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, ahead,
-                   far, q, l, p):
+    def one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, gout, gloc, gattn, cells, b, h, K, Q, L, P, C, ahead,
+                   far, q, l, p, i):
         with T.sblock("sample"):
             T.reads()
             T.writes()
@@ -255,29 +258,13 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                     if not private or C % 16 != 0:
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(vbuf[rn, C - 1]), 0, 2, 1))
                         T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(gbuf[rn, C - 1]), 1, 2, 1))
-            h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
-            w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
-            # strict validity test (NaN / Inf fail it); only in-range values
-            # reach floor() -> int32
-            if h_im > -one and w_im > -one and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl):
-                y0: T.let = T.Cast("int32", T.floor(h_im))
-                x0: T.let = T.Cast("int32", T.floor(w_im))
-                lh: T.let = h_im - T.Cast(dtype, y0)
-                lw: T.let = w_im - T.Cast(dtype, x0)
-                a: T.let = attn[b, q, h, l, p]
-                # the strict test puts y0 in [-1, h-1] and x0 in [-1, w-1], so each corner row and
-                # column is in the map iff one comparison says so; y0*w + x0 < h*w <= K < 2^31
-                # (no wrap), and the start is added in int64, so no level_start_index can wrap
-                # a row into [0, K)
-                r00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y0 * wl + x0)
+            # the sample's cell, rows and weights from its query block (block_corners)
+            if cells[5][p, i] > 0:
+                lh: T.let = cells[2][p, i]
+                lw: T.let = cells[3][p, i]
+                a: T.let = cells[4][p, i]
                 for k in T.unroll(4):
-                    r: T.let = r00 + T.Cast("int64", k // 2 * wl + k % 2)
-                    # per-corner validity, and 0 <= row < K (one unsigned comparison) for any
-                    # level_start_index
-                    y_in: T.let = T.Select(k // 2 == 1, y0 < hl - 1, y0 >= 0)
-                    x_in: T.let = T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0)
-                    rows[k] = T.Select(y_in and x_in and T.Cast("uint64", r) < T.Cast("uint64", K),
-                                       T.Cast("int32", r), -1)
+                    rows[k] = cells[0][p, k, i]
                     if not whole_vectors:
                         d[k] = zero
                     for j in T.vectorized(V):
@@ -285,9 +272,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                 for k in T.unroll(4):
                     if rows[k] >= 0:
                         row: T.let = rows[k] * scale + offset
-                        fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
-                        fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
-                        wa: T.let = fy * fx * a
+                        wa: T.let = cells[1][p, k, i]
                         for c0 in range(C // V):
                             for j in T.vectorized(V):
                                 acc[k, j] = acc[k, j] + gout[b, q, h, c0 * V + j] * vbuf[row, c0 * V + j]
@@ -316,37 +301,44 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
 
 
     @T.macro
-    def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P, C, H, flat):
+    def samples(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, cells, b, h, K, Q, L, P, C, H,
+                flat):
         # every sample of the (b, h) slice, level by level, then in (q, p) order: while on a
         # level only its rows are touched (BEVFormer's three smaller levels fit in L2). A
         # grad_value row belongs to one level, so it gets its contributions in the same (q, p)
         # order as in a (q, l, p) walk: the same bits. Slice row r is row r*scale + offset
-        # of vbuf / gbuf.
+        # of vbuf / gbuf. The queries go in blocks of QB: the block's cells, rows and weights
+        # first (block_corners, the queries in vector lanes), then its samples.
         ahead: T.let = queries_ahead(prefetch, P)
         for l in range(L):
             # corner rows are prefetched only on levels whose value + gradient rows exceed
             # near_kb (a smaller one stays in the caches once touched)
             far: T.let = T.Cast("int64", shapes[l, 0]) * T.Cast("int64", shapes[l, 1]) * (C * 2 * EL) > near_kb * 1024
-            for q in range(Q):
-                with T.sblock("query"):
-                    T.reads()
-                    T.writes()
-                    if prefetch > 0 and q + 2 * ahead < Q:
-                        # the rows of (query q + 2 * ahead, level l): its locations (read by
-                        # one_sample to prefetch that query's corner rows, so they must not
-                        # miss), weights, gradient, and the output rows it writes; a query's
-                        # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware
-                        # prefetchers did not follow (the location loads were the kernel's
-                        # hottest spot)
-                        qa: T.let = (b * Q + q + 2 * ahead) * H + h
-                        prefetch_words(lambda w: flat[0][(qa * L + l) * P * 2 + w], P * 2, 0)
-                        prefetch_words(lambda w: flat[3][(qa * L + l) * P * 2 + w], P * 2, 1)
-                        prefetch_words(lambda w: flat[1][(qa * L + l) * P + w], P, 0)
-                        prefetch_words(lambda w: flat[4][(qa * L + l) * P + w], P, 1)
-                        prefetch_words(lambda w: flat[2][qa * C + w], C, 0)
-                    for p in range(P):
-                        one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q,
-                                   L, P, C, ahead, far, q, l, p)
+            for q0 in range((Q + QB - 1) // QB):
+                for p in range(P):
+                    block_corners(shapes, lsi, loc, attn, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5],
+                                  b, h, K, Q, l, p, q0 * QB, p)
+                for i in range(T.min(QB, Q - q0 * QB)):
+                    q: T.let = q0 * QB + i
+                    with T.sblock("query"):
+                        T.reads()
+                        T.writes()
+                        if prefetch > 0 and q + 2 * ahead < Q:
+                            # the rows of (query q + 2 * ahead, level l): its locations (read by
+                            # one_sample to prefetch that query's corner rows, so they must not
+                            # miss), weights, gradient, and the output rows it writes; a query's
+                            # rows are H rows apart, 1-2 KB in BEVFormer, which the hardware
+                            # prefetchers did not follow (the location loads were the kernel's
+                            # hottest spot)
+                            qa: T.let = (b * Q + q + 2 * ahead) * H + h
+                            prefetch_words(lambda w: flat[0][(qa * L + l) * P * 2 + w], P * 2, 0)
+                            prefetch_words(lambda w: flat[3][(qa * L + l) * P * 2 + w], P * 2, 1)
+                            prefetch_words(lambda w: flat[1][(qa * L + l) * P + w], P, 0)
+                            prefetch_words(lambda w: flat[4][(qa * L + l) * P + w], P, 1)
+                            prefetch_words(lambda w: flat[2][qa * C + w], C, 0)
+                        for p in range(P):
+                            one_sample(vbuf, gbuf, scale, offset, shapes, lsi, loc, gout, gloc, gattn, cells, b, h, K,
+                                       Q, L, P, C, ahead, far, q, l, p, i)
 
     @T.prim_func(s_tir=True)
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
@@ -385,7 +377,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
         # slices are handed out one at a time (task_queue): a slower core takes fewer
         next_slice = T.alloc_buffer((1,), "int32")
         next_slice[0] = 0
-        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.worker_annotations(FMA_IR)):
+        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.worker_annotations()):
             with T.sblock("worker"):
                 T.reads()
                 T.writes()
@@ -398,6 +390,14 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                         T.writes()
                         b: T.let = bh[0] // H
                         h: T.let = bh[0] % H
+                        # a query block's cells (block_corners), slot p: rows, weights * attention,
+                        # lh, lw, attention, 1 where the sample passes the validity test
+                        cells = T.meta_var([T.sblock_alloc_buffer((P, 4, QB), "int32"),
+                                            T.sblock_alloc_buffer((P, 4, QB), dtype),
+                                            T.sblock_alloc_buffer((P, QB), dtype),
+                                            T.sblock_alloc_buffer((P, QB), dtype),
+                                            T.sblock_alloc_buffer((P, QB), dtype),
+                                            T.sblock_alloc_buffer((P, QB), "int32")])
                         if private:
                             vbuf = T.sblock_alloc_buffer((K, C), dtype)
                             gbuf = T.sblock_alloc_buffer((K, C), dtype)
@@ -414,8 +414,8 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                                 for c in range(C % V):
                                     vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
                                     gbuf[r, C // V * V + c] = zero
-                            samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, b, h, K, Q, L, P,
-                                    C, H, flat)
+                            samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, cells, b, h, K, Q,
+                                    L, P, C, H, flat)
                             for r in range(K):
                                 if r + SLICE_ROWS_AHEAD < K:
                                     ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
@@ -427,7 +427,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
                                     gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
                         else:
                             samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc, gattn,
-                                    b, h, K, Q, L, P, C, H, flat)
+                                    cells, b, h, K, Q, L, P, C, H, flat)
                     bh[0] = task_queue.next_task(next_slice)
 
     return backward

@@ -35,7 +35,7 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..ms_deform_attn_sampling import cell_macro, corner_of_cell_macro, intrinsic_fma_position
+from ..ms_deform_attn_sampling import block_corners_macro, cell_macro, corner_of_cell_macro
 
 
 # *_private: gather from a contiguous copy of the (batch, head) slice (CPU; on CUDA the same
@@ -119,41 +119,9 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
     """
     V, QB = lanes, query_block
     EL = np.dtype(dtype).itemsize
-    zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
+    zero = tirx.const(0, dtype)
     channel_count = tirx.Var("C", "int32") if channels is None else tirx.IntImm("int32", channels)
-    position = intrinsic_fma_position(dtype)
-
-    @T.macro
-    def block_corners(shapes, lsi, loc, attn, rows, weights, b, h, K, Q, L, P, q0):
-        for l in range(L):
-            hl: T.let = shapes[l, 0]
-            wl: T.let = shapes[l, 1]
-            for p in range(P):
-                for i in T.vectorized(QB):
-                    q: T.let = T.min(q0 + i, Q - 1)
-                    h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
-                    w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
-                    # 1 where the strict validity test passes (NaN / Inf fail it); the cell
-                    # from the position clamped into [-1, size], so floor() -> int32 cannot
-                    # overflow (the cell of a failed sample is never used)
-                    inside: T.let = T.Select(T.And(T.And(h_im > minus_one, w_im > minus_one),
-                                                   T.And(h_im < T.Cast(dtype, hl), w_im < T.Cast(dtype, wl))), 1, 0)
-                    y0: T.let = T.Cast("int32", T.floor(T.max(T.min(h_im, T.Cast(dtype, hl)), minus_one)))
-                    x0: T.let = T.Cast("int32", T.floor(T.max(T.min(w_im, T.Cast(dtype, wl)), minus_one)))
-                    lh: T.let = h_im - T.Cast(dtype, y0)
-                    lw: T.let = w_im - T.Cast(dtype, x0)
-                    a: T.let = attn[b, q, h, l, p]
-                    r00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y0) * T.Cast("int64", wl) + T.Cast("int64", x0)
-                    for k in T.unroll(4):
-                        r: T.let = r00 + T.Cast("int64", k // 2 * wl + k % 2)
-                        fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
-                        fx: T.let = T.if_then_else(k % 2 == 1, lw, one - lw)
-                        # (no boolean lets: a vector of them does not compile in TVM 0.27)
-                        used: T.let = T.Select(T.And(T.And(inside > 0, T.Cast("uint64", r) < T.Cast("uint64", K)),
-                                                     T.And(T.Select(k // 2 == 1, y0 < hl - 1, y0 >= 0),
-                                                           T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0))), 1, 0)
-                        rows[l, p, k, i] = T.Select(used > 0, T.Cast("int32", r), -1)
-                        weights[l, p, k, i] = T.Select(used > 0, fy * fx * a, zero)
+    block_corners = block_corners_macro(dtype, QB, gradients=False)
 
     @T.macro
     def block_gathers(vbuf, scale, offset, rows, weights, out, b, h, Q, L, P, C, q0):
@@ -166,26 +134,26 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
                     acc = T.sblock_alloc_buffer((C,), dtype)
                     for c in T.vectorized(C):
                         acc[c] = zero
-                    for l, p, k in T.grid(L, P, 4):
-                        if rows[l, p, k, i] >= 0:
-                            row: T.let = rows[l, p, k, i] * scale + offset
+                    for s, k in T.grid(L * P, 4):
+                        if rows[s, k, i] >= 0:
+                            row: T.let = rows[s, k, i] * scale + offset
                             for c in T.vectorized(C):
-                                acc[c] = acc[c] + weights[l, p, k, i] * vbuf[row, c]
+                                acc[c] = acc[c] + weights[s, k, i] * vbuf[row, c]
                     for c in T.vectorized(C):
                         out[b, q0 + i, h, c] = acc[c]
                 else:
                     for c in range(C):
                         out[b, q0 + i, h, c] = zero
-                    for l, p, k in T.grid(L, P, 4):
-                        if rows[l, p, k, i] >= 0:
-                            row: T.let = rows[l, p, k, i] * scale + offset
+                    for s, k in T.grid(L * P, 4):
+                        if rows[s, k, i] >= 0:
+                            row: T.let = rows[s, k, i] * scale + offset
                             for c0 in range(C // V):
                                 for j in T.vectorized(V):
                                     out[b, q0 + i, h, c0 * V + j] = (out[b, q0 + i, h, c0 * V + j]
-                                                                      + weights[l, p, k, i] * vbuf[row, c0 * V + j])
+                                                                      + weights[s, k, i] * vbuf[row, c0 * V + j])
                             for c in range(C % V):
                                 out[b, q0 + i, h, C // V * V + c] = (out[b, q0 + i, h, C // V * V + c]
-                                                                      + weights[l, p, k, i] * vbuf[row, C // V * V + c])
+                                                                      + weights[s, k, i] * vbuf[row, C // V * V + c])
 
     @T.prim_func(s_tir=True)
     def forward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
@@ -207,8 +175,9 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
                 T.writes()
                 b: T.let = bh // H
                 h: T.let = bh % H
-                rows = T.sblock_alloc_buffer((L, P, 4, QB), "int32")
-                weights = T.sblock_alloc_buffer((L, P, 4, QB), dtype)
+                # slot l * P + p: the block's rows and weights of (level l, point p)
+                rows = T.sblock_alloc_buffer((L * P, 4, QB), "int32")
+                weights = T.sblock_alloc_buffer((L * P, 4, QB), dtype)
                 if private:
                     vbuf = T.sblock_alloc_buffer((K, C), dtype)
                     for r in range(K):
@@ -219,11 +188,17 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
                             for c in range(C):
                                 vbuf[r, c] = value[b, r, h, c]
                     for q0 in range((Q + QB - 1) // QB):
-                        block_corners(shapes, lsi, loc, attn, rows, weights, b, h, K, Q, L, P, q0 * QB)
+                        for l, p in T.grid(L, P):
+                            # (the gradient buffers unused: rows and weights stand in for them)
+                            block_corners(shapes, lsi, loc, attn, rows, weights, weights, weights, weights, rows,
+                                          b, h, K, Q, l, p, q0 * QB, l * P + p)
                         block_gathers(vbuf, 1, 0, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
                 else:
                     for q0 in range((Q + QB - 1) // QB):
-                        block_corners(shapes, lsi, loc, attn, rows, weights, b, h, K, Q, L, P, q0 * QB)
+                        for l, p in T.grid(L, P):
+                            # (the gradient buffers unused: rows and weights stand in for them)
+                            block_corners(shapes, lsi, loc, attn, rows, weights, weights, weights, weights, rows,
+                                          b, h, K, Q, l, p, q0 * QB, l * P + p)
                         block_gathers(value_rows, H, b * K * H + h, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
 
     return forward
