@@ -155,6 +155,40 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
                                 out[b, q0 + i, h, C // V * V + c] = (out[b, q0 + i, h, C // V * V + c]
                                                                       + weights[s, k, i] * vbuf[row, C // V * V + c])
 
+    @T.macro
+    def slice_blocks(vbuf, scale, offset, shapes, lsi, loc, attn, rows, weights, out, b, h, K, Q, L, P, C):
+        for q0 in range((Q + QB - 1) // QB):
+            for l, p in T.grid(L, P):
+                # (the gradient buffers unused: rows and weights stand in for them)
+                block_corners(shapes, lsi, loc, attn, rows, weights, weights, weights, weights, rows,
+                              b, h, K, Q, l, p, q0 * QB, l * P + p)
+            block_gathers(vbuf, scale, offset, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
+
+    @T.macro
+    def one_slice(value, value_rows, shapes, lsi, loc, attn, out, bh, K, H, Q, L, P, C):
+        with T.sblock("slice"):
+            # opaque: nothing schedules these blocks (they only scope the workspaces)
+            T.reads()
+            T.writes()
+            b: T.let = bh // H
+            h: T.let = bh % H
+            # slot l * P + p: the block's rows and weights of (level l, point p)
+            rows = T.sblock_alloc_buffer((L * P, 4, QB), "int32")
+            weights = T.sblock_alloc_buffer((L * P, 4, QB), dtype)
+            if private:
+                vbuf = T.sblock_alloc_buffer((K, C), dtype)
+                for r in range(K):
+                    if channels is not None:
+                        for c in T.vectorized(C):
+                            vbuf[r, c] = value[b, r, h, c]
+                    else:
+                        for c in range(C):
+                            vbuf[r, c] = value[b, r, h, c]
+                slice_blocks(vbuf, 1, 0, shapes, lsi, loc, attn, rows, weights, out, b, h, K, Q, L, P, C)
+            else:
+                slice_blocks(value_rows, H, b * K * H + h, shapes, lsi, loc, attn, rows, weights, out, b, h, K, Q, L,
+                             P, C)
+
     @T.prim_func(s_tir=True)
     def forward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
                 attn_h: T.handle, out_h: T.handle):
@@ -169,36 +203,6 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
         out = T.match_buffer(out_h, (B, Q, H, C), dtype, align=EL)
         value_rows = T.decl_buffer((B * K * H, C), dtype, data=value.data, align=EL)
         for bh in T.parallel(B * H):
-            with T.sblock("slice"):
-                # opaque: nothing schedules these blocks (they only scope the workspaces)
-                T.reads()
-                T.writes()
-                b: T.let = bh // H
-                h: T.let = bh % H
-                # slot l * P + p: the block's rows and weights of (level l, point p)
-                rows = T.sblock_alloc_buffer((L * P, 4, QB), "int32")
-                weights = T.sblock_alloc_buffer((L * P, 4, QB), dtype)
-                if private:
-                    vbuf = T.sblock_alloc_buffer((K, C), dtype)
-                    for r in range(K):
-                        if channels is not None:
-                            for c in T.vectorized(C):
-                                vbuf[r, c] = value[b, r, h, c]
-                        else:
-                            for c in range(C):
-                                vbuf[r, c] = value[b, r, h, c]
-                    for q0 in range((Q + QB - 1) // QB):
-                        for l, p in T.grid(L, P):
-                            # (the gradient buffers unused: rows and weights stand in for them)
-                            block_corners(shapes, lsi, loc, attn, rows, weights, weights, weights, weights, rows,
-                                          b, h, K, Q, l, p, q0 * QB, l * P + p)
-                        block_gathers(vbuf, 1, 0, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
-                else:
-                    for q0 in range((Q + QB - 1) // QB):
-                        for l, p in T.grid(L, P):
-                            # (the gradient buffers unused: rows and weights stand in for them)
-                            block_corners(shapes, lsi, loc, attn, rows, weights, weights, weights, weights, rows,
-                                          b, h, K, Q, l, p, q0 * QB, l * P + p)
-                        block_gathers(value_rows, H, b * K * H + h, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
+            one_slice(value, value_rows, shapes, lsi, loc, attn, out, bh, K, H, Q, L, P, C)
 
     return forward
