@@ -4,9 +4,9 @@ on every sample.
 
 The sampling position is the exact loc * size - 0.5 rounded once to the input precision:
 what mmcv's CUDA kernel gets from nvcc's fused multiply-add. On the CPU it is one fused
-multiply-add (`fma_position`: llvm.fma), on CUDA it goes through float64 (`exact_position`). Without this the
-cell choice (where grad_sampling_loc is discontinuous) would depend on whether LLVM or nvcc
-contract the multiply and subtract.
+multiply-add (`fma_position`: llvm.fma), on CUDA it goes through float64
+(`exact_position`). Without this the cell choice (where grad_sampling_loc is
+discontinuous) would depend on whether LLVM or nvcc contract the multiply and subtract.
 """
 
 from __future__ import annotations
