@@ -152,11 +152,11 @@ def corner_of_cell_macro(dtype: str):
 def block_corners_macro(dtype: str, queries: int, gradients: bool):
     """The CPU kernels' per-block half of the rule: for one (level l, point p) and the block
     of `queries` queries from q0, the queries in vector lanes (the last block's spare lanes
-    redo query Q - 1; their results are never read), branch-free:
-    rows[s, k, i] = corner k's value row (-1: unused or skipped) and weights[s, k, i] = its
+    redo query Q - 1; their results are never read), branch-free, into the buffers `cells`:
+    rows [s, k, i] = corner k's value row (-1: unused or skipped) and weights [s, k, i] = its
     bilinear weight * attention (0 when unused); with `gradients` also, per sample, the
-    offsets lhs / lws [s, i], the attention atts [s, i] and insides [s, i] = 1 where the
-    strict validity test passes (0: skipped). `s` is the caller's slot of (l, p). The same
+    offsets lh and lw [s, i], the attention [s, i] and inside [s, i] = 1 where the strict
+    validity test passes (0: skipped), in that order. `s` is the caller's slot of (l, p). The same
     rows and weights as corner_macro, bit for bit: the cell from the position clamped into
     [-1, size] (finite, NaN included, so floor() -> int32 cannot overflow) is the true cell
     wherever the test passes, rows are checked against [0, K) in int64."""
@@ -164,7 +164,7 @@ def block_corners_macro(dtype: str, queries: int, gradients: bool):
     position = fma_position(dtype)
 
     @T.macro
-    def block_corners(shapes, lsi, loc, attn, rows, weights, lhs, lws, atts, insides, b, h, K, Q, l, p, q0, s):
+    def block_corners(shapes, lsi, loc, attn, cells, b, h, K, Q, l, p, q0, s):
         hl: T.let = shapes[l, 0]
         wl: T.let = shapes[l, 1]
         for i in T.vectorized(queries):
@@ -181,10 +181,10 @@ def block_corners_macro(dtype: str, queries: int, gradients: bool):
             a: T.let = attn[b, q, h, l, p]
             r00: T.let = T.Cast("int64", lsi[l]) + T.Cast("int64", y0) * T.Cast("int64", wl) + T.Cast("int64", x0)
             if gradients:
-                lhs[s, i] = lh
-                lws[s, i] = lw
-                atts[s, i] = a
-                insides[s, i] = inside
+                cells[2][s, i] = lh
+                cells[3][s, i] = lw
+                cells[4][s, i] = a
+                cells[5][s, i] = inside
             for k in T.unroll(4):
                 r: T.let = r00 + T.Cast("int64", k // 2 * wl + k % 2)
                 fy: T.let = T.if_then_else(k // 2 == 1, lh, one - lh)
@@ -192,8 +192,8 @@ def block_corners_macro(dtype: str, queries: int, gradients: bool):
                 used: T.let = T.Select(T.And(T.And(inside > 0, T.Cast("uint64", r) < T.Cast("uint64", K)),
                                              T.And(T.Select(k // 2 == 1, y0 < hl - 1, y0 >= 0),
                                                    T.Select(k % 2 == 1, x0 < wl - 1, x0 >= 0))), 1, 0)
-                rows[s, k, i] = T.Select(used > 0, T.Cast("int32", r), -1)
-                weights[s, k, i] = T.Select(used > 0, fy * fx * a, zero)
+                cells[0][s, k, i] = T.Select(used > 0, T.Cast("int32", r), -1)
+                cells[1][s, k, i] = T.Select(used > 0, fy * fx * a, zero)
 
     return block_corners
 

@@ -316,8 +316,7 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
             far: T.let = T.Cast("int64", shapes[l, 0]) * T.Cast("int64", shapes[l, 1]) * (C * 2 * EL) > near_kb * 1024
             for q0 in range((Q + QB - 1) // QB):
                 for p in range(P):
-                    block_corners(shapes, lsi, loc, attn, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5],
-                                  b, h, K, Q, l, p, q0 * QB, p)
+                    block_corners(shapes, lsi, loc, attn, cells, b, h, K, Q, l, p, q0 * QB, p)
                 for i in range(T.min(QB, Q - q0 * QB)):
                     q: T.let = q0 * QB + i
                     with T.sblock("query"):

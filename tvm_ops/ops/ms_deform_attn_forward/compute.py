@@ -159,9 +159,7 @@ def cpu_forward_compute(dtype: str, lanes: int, private: bool, query_block: int,
     def slice_blocks(vbuf, scale, offset, shapes, lsi, loc, attn, rows, weights, out, b, h, K, Q, L, P, C):
         for q0 in range((Q + QB - 1) // QB):
             for l, p in T.grid(L, P):
-                # (the gradient buffers unused: rows and weights stand in for them)
-                block_corners(shapes, lsi, loc, attn, rows, weights, weights, weights, weights, rows,
-                              b, h, K, Q, l, p, q0 * QB, l * P + p)
+                block_corners(shapes, lsi, loc, attn, [rows, weights], b, h, K, Q, l, p, q0 * QB, l * P + p)
             block_gathers(vbuf, scale, offset, rows, weights, out, b, h, Q, L, P, C, q0 * QB)
 
     @T.macro

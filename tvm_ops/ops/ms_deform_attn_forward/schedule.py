@@ -21,18 +21,17 @@ def llvm(sch, kernel, model, plan):
         raise KeyError(kernel)
 
 
-def _samples_at(sch, p, scope):
+def _samples_at(sch, p):
     """Each sample's cell, then its four corners, computed at the point loop `p` of the
-    output (in `scope` where not None: CUDA's registers), the corner loop unrolled."""
+    output in registers (scope "local"), the corner loop unrolled."""
     corner = sch.get_sblock("corner")
     sch.compute_at(corner, p)
     sch.unroll(sch.get_loops(corner)[-1])
     sample = sch.get_sblock("sample")
     sch.compute_at(sample, p)
-    if scope is not None:
-        for block, buffers in ((corner, 2), (sample, 4)):
-            for buffer in range(buffers):
-                sch.set_scope(block, buffer, scope)
+    for block, buffers in ((corner, 2), (sample, 4)):
+        for buffer in range(buffers):
+            sch.set_scope(block, buffer, "local")
 
 
 def cuda(sch, kernel, model, plan):
@@ -59,4 +58,4 @@ def cuda(sch, kernel, model, plan):
     acc = sch.cache_write(out, 0, "local")
     sch.reverse_compute_at(acc, c_o)
     sch.decompose_reduction(out, l)
-    _samples_at(sch, p, "local")
+    _samples_at(sch, p)
