@@ -156,20 +156,30 @@ def cpu_kernels(op, **knobs):
     return build.load(build.find_entry(variant) or build.build_entry(variant, paths.cache_dir()), op)
 
 
+def hand_tuned_and_query_block(op, names, args, out_shapes, query_block):
+    """{kernel name: (its outputs from the hand-tuned library, from one built with
+    query_block)} on `args`, the outputs NaN-filled before each run."""
+    libraries = cpu_kernels(op), cpu_kernels(op, query_block=query_block)
+    results = {}
+    for name in names:
+        runs = []
+        for kernels in libraries:
+            outs = [np.full(shape, np.nan, np.float32) for shape in out_shapes]
+            kernels[name](*args, *outs)
+            runs.append(outs)
+        results[name] = tuple(runs)
+    return results
+
+
 @pytest.mark.parametrize("query_block", [8, 32])
 def test_query_blocks_never_change_the_bits(query_block):
     # a block of queries only decides when a sample's cell is computed, never the order of a
     # sum; 37 queries leave a partial last block at every size
     args = make(2, [[9, 7], [4, 5], [1, 3]], 37, 3, 32, 3, -0.2, 1.2, seed=11)
-    hand_tuned, blocks = cpu_kernels(OP), cpu_kernels(OP, query_block=query_block)
-    for name in module.KERNELS:
-        results = []
-        for kernels in (hand_tuned, blocks):
-            outs = [np.full(shape, np.nan, np.float32) for shape in (args[0].shape, args[3].shape, args[4].shape)]
-            kernels[name](*args, *outs)
-            results.append(outs)
-        check_against_reference(args, results[1])
-        for a, b in zip(*results):
+    shapes = (args[0].shape, args[3].shape, args[4].shape)
+    for name, (hand_tuned, blocks) in hand_tuned_and_query_block(OP, module.KERNELS, args, shapes, query_block).items():
+        check_against_reference(args, blocks)
+        for a, b in zip(hand_tuned, blocks):
             assert np.array_equal(a, b), name
 
 

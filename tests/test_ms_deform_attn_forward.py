@@ -11,7 +11,7 @@ from tvm_ops.ops import get
 from tvm_ops.ops import ms_deform_attn_forward as module
 from tvm_ops.testing import material
 
-from .test_ms_deform_attn_backward import cpu_kernels, make
+from .test_ms_deform_attn_backward import hand_tuned_and_query_block, make
 
 OP = get("ms_deform_attn_forward")
 TESTING = material(OP)
@@ -117,15 +117,10 @@ def test_query_blocks_never_change_the_bits(query_block):
     # a block of queries only decides when a corner's row and weight are computed, never the
     # order of a sum; 37 queries leave a partial last block at every size
     args = forward_args(2, [[9, 7], [4, 5], [1, 3]], 37, 3, 32, 3, -0.2, 1.2, seed=11)
-    hand_tuned, blocks = cpu_kernels(OP), cpu_kernels(OP, query_block=query_block)
-    for name in module.KERNELS:
-        results = []
-        for kernels in (hand_tuned, blocks):
-            out = np.full((2, 37, 3, 32), np.nan, np.float32)
-            kernels[name](*args, out)
-            results.append(out)
-        check_against_reference(args, results[1])
-        assert np.array_equal(results[0], results[1]), name
+    runs = hand_tuned_and_query_block(OP, module.KERNELS, args, [(2, 37, 3, 32)], query_block)
+    for name, ((hand_tuned,), (blocks,)) in runs.items():
+        check_against_reference(args, blocks)
+        assert np.array_equal(hand_tuned, blocks), name
 
 
 def test_policy_picks_the_private_slice_and_the_fixed_c_kernel():
