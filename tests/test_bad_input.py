@@ -94,3 +94,83 @@ def test_the_first_call_of_a_library_logs_its_build(tmp_path, monkeypatch, caplo
         tvm_ops.three_interpolate_backward(GO, IDX, W, 2)
     tvm_ops.clear_call_cache()
     assert "building three_interpolate_backward-float32" in caplog.text and "first use" in caplog.text
+
+
+def legal_call(name):
+    """The public function of `name` and the keyword arguments of a legal spec case with no
+    empty dimension (a random case where there is one, else a boundary one)."""
+    import inspect
+
+    op = get(name)
+    legal = [c for c in op.spec.cases if c.expect == "ok" and c.set != "network" and all(c.shape.values())]
+    case = next((c for c in legal if c.set == "random"), legal[0])
+    inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(name, case.name, "float32"))
+    function = getattr(tvm_ops, name)
+    named = inspect.signature(function).parameters
+    return function, {**inputs, **{k: v for k, v in params.items() if k in named}}
+
+
+def as_list(result) -> list:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def other_layouts(array):
+    """The same values in other memory: Fortran order, big-endian, a strided view."""
+    if array.ndim > 1:
+        yield "fortran", np.asfortranarray(array)
+    yield "big-endian", array.astype(array.dtype.newbyteorder(">"))
+    wide = np.zeros(array.shape[:-1] + (2 * array.shape[-1],), array.dtype)
+    wide[..., ::2] = array
+    yield "strided", wide[..., ::2]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_other_layouts_of_the_same_values_give_the_same_bits(name):
+    function, kwargs = legal_call(name)
+    expected = as_list(function(**kwargs))
+    for key, value in kwargs.items():
+        if not isinstance(value, np.ndarray) or value.ndim == 0:
+            continue
+        for layout, other in other_layouts(value):
+            got = as_list(function(**{**kwargs, key: other}))
+            for a, b in zip(got, expected, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{key} {layout}")
+
+
+def wrong_or_odd(value):
+    """Inputs a caller might pass by mistake (or on purpose, for the non-finite values)."""
+    if not isinstance(value, np.ndarray):
+        return [None, -1, 10**12, "x", 1.5]
+    # the other width of its kind (float16 only from floats: large integers overflow it)
+    other_width = value.astype(np.float16 if value.dtype.kind == "f" else np.float32)
+    odd = [value.astype(np.float64), value.astype(np.int64), other_width, value.tolist(),
+           np.zeros((0,) + value.shape[1:], value.dtype)]
+    if value.dtype.kind == "f":
+        for fill in (np.nan, np.inf, -1e30):
+            filled = value.copy()
+            filled.flat[::2] = fill
+            odd.append(filled)
+    else:
+        for fill in (-1, -2**31, 2**31 - 1, 10**6):
+            filled = value.copy()
+            filled.flat[::2] = fill
+            odd.append(filled)
+    return odd
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wrong_inputs_get_the_library_error_or_a_result(name):
+    """Every input replaced in turn: a wrong dtype, a list, an empty batch, non-finite or
+    out-of-range values, a wrong scalar. The call returns or raises the library's own error
+    (anything else fails the test, a crash fails the run); a wrong rank is always refused."""
+    function, kwargs = legal_call(name)
+    for key, value in kwargs.items():
+        for odd in wrong_or_odd(value):
+            try:
+                function(**{**kwargs, key: odd})
+            except tvm_ops.OpError:
+                pass
+        if isinstance(value, np.ndarray) and value.ndim > 0:
+            for wrong_rank in (value[None], value.reshape(value.shape + (1,))):
+                with pytest.raises(tvm_ops.BadParamError):
+                    function(**{**kwargs, key: wrong_rank})
