@@ -9,6 +9,7 @@ from tvm_ops.ops import NAMES, get
 from tvm_ops.testing import material
 
 from .conftest import gpu_skip_reason, requires_torch
+from .test_call_path import generated
 from .test_cli import cli
 
 GO = np.random.default_rng(0).uniform(-1, 1, (1, 2, 3)).astype(np.float32)
@@ -104,7 +105,7 @@ def legal_call(name):
     op = get(name)
     legal = [c for c in op.spec.cases if c.expect == "ok" and c.set != "network" and all(c.shape.values())]
     case = next((c for c in legal if c.set == "random"), legal[0])
-    inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(name, case.name, "float32"))
+    inputs, params = generated(op, case)
     function = getattr(tvm_ops, name)
     named = inspect.signature(function).parameters
     return function, {**inputs, **{k: v for k, v in params.items() if k in named}}
@@ -145,16 +146,10 @@ def wrong_or_odd(value):
     other_width = value.astype(np.float16 if value.dtype.kind == "f" else np.float32)
     odd = [value.astype(np.float64), value.astype(np.int64), other_width, value.tolist(),
            np.zeros((0,) + value.shape[1:], value.dtype)]
-    if value.dtype.kind == "f":
-        for fill in (np.nan, np.inf, -1e30):
-            filled = value.copy()
-            filled.flat[::2] = fill
-            odd.append(filled)
-    else:
-        for fill in (-1, -2**31, 2**31 - 1, 10**6):
-            filled = value.copy()
-            filled.flat[::2] = fill
-            odd.append(filled)
+    for fill in (np.nan, np.inf, -1e30) if value.dtype.kind == "f" else (-1, -2**31, 2**31 - 1, 10**6):
+        filled = value.copy()
+        filled.flat[::2] = fill
+        odd.append(filled)
     return odd
 
 
