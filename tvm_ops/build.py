@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import one_core, paths, targets
+from .macro_lookup import fast_macro_lookup
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 5  # 2: knobs; 3: CUDA without fast math; 4: key from sources; 5: one-core builds
@@ -57,7 +58,9 @@ class Variant:
         import tvm
 
         funcs = {}
-        for name, func in self.op.computes(self.dtype, self.plan, self.model).items():
+        with fast_macro_lookup():
+            computes = self.op.computes(self.dtype, self.plan, self.model)
+        for name, func in computes.items():
             sch = tvm.s_tir.Schedule(func)
             self.op.schedule(sch, name, self.model, self.plan)
             scheduled = one_core.serial_kernel(sch.mod["main"]) if self.one_core else sch.mod["main"]
