@@ -1,5 +1,6 @@
 """Build, cache and load: fresh processes reuse libraries, corrupt ones are rebuilt, CUDA compiles."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -136,6 +137,22 @@ def test_the_key_covers_the_modules_the_kernels_are_made_from(monkeypatch):
         monkeypatch.undo()
         build.source_digest.cache_clear()
     assert build.Variant(op, "float32", variant.model, variant.knobs, "test").key == before
+
+
+def test_the_fast_macro_lookup_parses_the_same_kernels(monkeypatch):
+    # scheduled_module parses with macro_lookup's walk over the stack; TVM's own lookup must
+    # find the same parser, so the kernels (and their libraries) are the same either way
+    from tvm.script.parser.core.parser import ScriptMacro
+
+    import tvm
+
+    tvm_own = ScriptMacro.__dict__["_find_parser_def"]
+    variant = dispatch.default_variant(get("dynamic_scatter_forward"), "float32", targets.resolve("llvm"))
+    fast = variant.scheduled_module()
+    assert ScriptMacro.__dict__["_find_parser_def"] is tvm_own  # restored
+    monkeypatch.setattr(build, "fast_macro_lookup", contextlib.nullcontext)
+    # structurally: a second parse in one process numbers repeated block names on (tile_step_2)
+    tvm.ir.assert_structural_equal(variant.scheduled_module(), fast)
 
 
 def test_a_launch_only_knob_gets_its_own_library(tmp_path):
