@@ -4,12 +4,20 @@ import shutil
 import pytest
 
 
+SESSION_CACHE = "TVM_OPS_TEST_SESSION_CACHE"  # the session's cache, for its xdist workers
+
+
 def pytest_configure(config):
     # Every test session builds into its own cache, so the suite exercises the
-    # build path and never depends on libraries left by an earlier run.
+    # build path and never depends on libraries left by an earlier run. Its xdist
+    # workers, started after this ran in the main process, inherit the folder and
+    # share it: each library is built once per session, not once per worker.
     import tempfile
 
-    os.environ["TVM_OPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="tvm_ops_test_cache_")
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(SESSION_CACHE):
+        os.environ["TVM_OPS_CACHE_DIR"] = os.environ[SESSION_CACHE]
+        return
+    os.environ["TVM_OPS_CACHE_DIR"] = os.environ[SESSION_CACHE] = tempfile.mkdtemp(prefix="tvm_ops_test_cache_")
     os.environ.pop("TVM_OPS_BUILD_DIR", None)
     config._tvm_ops_cache = os.environ["TVM_OPS_CACHE_DIR"]
 

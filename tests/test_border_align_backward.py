@@ -245,16 +245,17 @@ def test_float16_accumulates_in_float32_and_rounds_once():
 
 
 def cpu_knob_variants():
-    """The hand-tuned llvm knobs, then each other candidate of each knob in turn."""
+    """The hand-tuned llvm knobs, then variants that between them take every other candidate
+    of every knob: the i-th takes each knob's i-th other candidate (its default when it has
+    fewer): as many builds as the longest candidate list, not one per candidate."""
     sched = OP.schedules["llvm"]
+    others = {knob: [v for v in candidates if v != sched.defaults[knob]] for knob, candidates in sched.candidates.items()}
     yield dict(sched.defaults)
-    for knob, candidates in sched.candidates.items():
-        for value in candidates:
-            if value != sched.defaults[knob]:
-                yield {**sched.defaults, knob: value}
+    for i in range(max(map(len, others.values()))):
+        yield {knob: values[i] if i < len(values) else sched.defaults[knob] for knob, values in others.items()}
 
 
-# the float32 tests below run every float32 CPU knob variant (~17 s of build each): on one
+# the float32 tests below run every float32 CPU knob variant (~20 s of build each): on one
 # worker, whose process keeps the loaded libraries (cpu_variant_kernels)
 KNOB_VARIANTS = pytest.mark.xdist_group("border_align_backward_float32_knob_variants")
 
@@ -298,7 +299,7 @@ def same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype):
                 kernels[SCATTER](go, bx, am, out, pool)
             kernels[TAIL](go, bx, am, out, pool)
             results.append(out)
-    assert len(results) >= 2 * 6
+    assert len(results) >= 2 * 3
     check(results[0], go, bx, am, pool, h, w, dtype)
     for other in results[1:]:
         np.testing.assert_array_equal(other.view(np.uint8), results[0].view(np.uint8))
