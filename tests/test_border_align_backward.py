@@ -249,7 +249,8 @@ def cpu_knob_variants():
     of every knob: the i-th takes each knob's i-th other candidate (its default when it has
     fewer): as many builds as the longest candidate list, not one per candidate."""
     sched = OP.schedules["llvm"]
-    others = {knob: [v for v in candidates if v != sched.defaults[knob]] for knob, candidates in sched.candidates.items()}
+    others = {knob: [value for value in candidates if value != sched.defaults[knob]]
+              for knob, candidates in sched.candidates.items()}
     yield dict(sched.defaults)
     for i in range(max(map(len, others.values()))):
         yield {knob: values[i] if i < len(values) else sched.defaults[knob] for knob, values in others.items()}

@@ -142,9 +142,8 @@ def test_the_key_covers_the_modules_the_kernels_are_made_from(monkeypatch):
 def test_the_fast_macro_lookup_parses_the_same_kernels(monkeypatch):
     # scheduled_module parses with macro_lookup's walk over the stack; TVM's own lookup must
     # find the same parser, so the kernels (and their libraries) are the same either way
-    from tvm.script.parser.core.parser import ScriptMacro
-
     import tvm
+    from tvm.script.parser.core.parser import ScriptMacro
 
     tvm_own = ScriptMacro.__dict__["_find_parser_def"]
     variant = dispatch.default_variant(get("dynamic_scatter_forward"), "float32", targets.resolve("llvm"))
