@@ -104,22 +104,30 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
 
     Two lane loops with the per-lane values staged in local arrays: keeping each expression
     small keeps TVM's simplifier fast (one expression tree per store took minutes), and the
-    store indices read staged values, not argmax_idx.  Invalid lanes get corner (0, 0) and a
-    zero gradient (Select, not a branch, so the CPU loop stays one vector body)."""
+    store indices read staged values, not argmax_idx. The argmax, the sample's (x, y) and its
+    validity are staged too, each written once: as inline expressions the three stores
+    repeated the sample's expression (and on CUDA every index's division of the fused
+    thread index) a dozen times, and TVM's passes took ~75 s on the CUDA kernel, <1 s
+    staged. Invalid lanes get corner (0, 0) and a zero gradient (Select, not a branch, so
+    the CPU loop stays one vector body)."""
     scratch = T.meta_var(scratch_scope("cuda" if atomic else "llvm"))
     SY = T.alloc_buffer((lanes,), "float32", scope=scratch)  # clamped sample y (0 if invalid)
     SX = T.alloc_buffer((lanes,), "float32", scope=scratch)
     SG = T.alloc_buffer((lanes,), "float32", scope=scratch)  # gradient, 0 if invalid
+    SA = T.alloc_buffer((lanes,), "int32", scope=scratch)  # argmax
+    SV = T.alloc_buffer((lanes,), "int32", scope=scratch)  # 1: a sample on or next to the map
     for l in lane_loop(lanes):
-        am = T.meta_var(AM[vn, vk, vs, c0 + l])
-        hit = T.meta_var(am >= 0 and am <= pool_size)
+        SA[l] = AM[vn, vk, vs, c0 + l]
+        hit = T.meta_var(SA[l] >= 0 and SA[l] <= pool_size)
         # an argmax outside [0, pool_size] (even INT32_MIN/MAX) becomes sample 0, masked below
-        x, y = T.meta_var(sample_xy(BX, vn, vk, vs, T.Select(hit, am, 0), pool_size))
-        ok = T.meta_var(hit and y >= T.float32(-1) and y <= T.Cast("float32", H)
-                        and x >= T.float32(-1) and x <= T.Cast("float32", W))
-        SG[l] = T.Select(ok, T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0))
-        SY[l] = T.Select(ok, T.max(y, T.float32(0)), T.float32(0))
-        SX[l] = T.Select(ok, T.max(x, T.float32(0)), T.float32(0))
+        x, y = T.meta_var(sample_xy(BX, vn, vk, vs, T.Select(hit, SA[l], 0), pool_size))
+        SY[l] = y
+        SX[l] = x
+        SV[l] = T.Select(hit and SY[l] >= T.float32(-1) and SY[l] <= T.Cast("float32", H)
+                         and SX[l] >= T.float32(-1) and SX[l] <= T.Cast("float32", W), 1, 0)
+        SG[l] = T.Select(SV[l] == 1, T.Cast("float32", GO[vn, vk, vs, c0 + l]), T.float32(0))
+        SY[l] = T.Select(SV[l] == 1, T.max(SY[l], T.float32(0)), T.float32(0))
+        SX[l] = T.Select(SV[l] == 1, T.max(SX[l], T.float32(0)), T.float32(0))
     for l in lane_loop(lanes):
         yi = T.meta_var(T.Cast("int32", SY[l]))
         xi = T.meta_var(T.Cast("int32", SX[l]))
