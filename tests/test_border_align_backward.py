@@ -256,7 +256,7 @@ def cpu_knob_variants():
         yield {knob: values[i] if i < len(values) else sched.defaults[knob] for knob, values in others.items()}
 
 
-# the float32 tests below run every float32 CPU knob variant (~20 s of build each): on one
+# the float32 tests below run every float32 CPU knob variant (~10 s of build each): on one
 # worker, whose process keeps the loaded libraries (cpu_variant_kernels)
 KNOB_VARIANTS = pytest.mark.xdist_group("border_align_backward_float32_knob_variants")
 

@@ -169,7 +169,7 @@ def test_a_launch_only_knob_gets_its_own_library(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 # every op for the H100's arch; the default arch (sm_80, no GPU visible) for one cheap op:
-# the arch changes only nvcc's target line, and each op's builds cost up to ~2 min per arch
+# the arch changes only nvcc's target line, and each op's builds cost up to ~15 s per arch
 @pytest.mark.parametrize("name, arch", [(name, "sm_90") for name in NAMES] + [("three_nn", "sm_80")])
 def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
     op = get(name)
