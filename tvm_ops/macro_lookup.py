@@ -7,7 +7,7 @@ module and context line, found by searching sys.modules. In a parse ~100 frames 
 is ~0.1 s per macro call, most of the parse of the kernels that expand many macros
 (border_align_backward's CPU kernels: 7.9 s, 1.6 s with this lookup). fast_macro_lookup
 walks the same frames through f_back and returns the same parser, so the parsed
-functions are the same (tests/test_build_cache.py compares their scripts).
+functions are the same (tests/test_build_cache.py compares them structurally).
 """
 
 from __future__ import annotations

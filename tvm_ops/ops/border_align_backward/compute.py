@@ -105,7 +105,7 @@ def _spread(vn, vk, vs, c0, lanes, lane_loop, atomic):
     Two lane loops with the per-lane values staged in local arrays: keeping each expression
     small keeps TVM's simplifier fast (one expression tree per store took minutes), and the
     store indices read staged values, not argmax_idx. The argmax, the sample's (x, y) and its
-    validity are staged too, each written once: as inline expressions the three stores
+    validity are staged too, each computed once: as inline expressions the three stores
     repeated the sample's expression (and on CUDA every index's division of the fused
     thread index) a dozen times, and TVM's passes took ~75 s on the CUDA kernel, <1 s
     staged. Invalid lanes get corner (0, 0) and a zero gradient (Select, not a branch, so
