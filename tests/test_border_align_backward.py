@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics, paths
+from tvm_ops import build, metrics
 from tvm_ops.ops.border_align_backward import OP
 from tvm_ops.testing import border_align_backward as TESTING
 from tvm_ops.testing.border_align_backward import box_layout, torch_autograd_gradient, torch_gradient
@@ -270,8 +270,7 @@ def cpu_variant_kernels(dtype):
     loaded = []
     for knobs in cpu_knob_variants():
         variant = build.Variant(OP, dtype, model, knobs, "test")
-        entry = build.find_entry(variant) or build.build_entry(variant, paths.cache_dir())
-        loaded.append((knobs, build.load(entry, OP)))
+        loaded.append((knobs, build.load(build.find_or_build(variant), OP)))
     return tuple(loaded)
 
 

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics, paths, targets
+from tvm_ops import build, metrics, targets
 from tvm_ops.ops import get
 from tvm_ops.ops import ms_deform_attn_backward as module
 from tvm_ops.testing import material
@@ -153,7 +153,7 @@ def test_kernels_with_c_compiled_in_give_the_same_bits(monkeypatch):
 def cpu_kernels(op, **knobs):
     """The float32 CPU kernels of `op` built with `knobs` over the hand-tuned ones."""
     variant = build.Variant(op, "float32", targets.resolve("llvm"), {**op.schedules["llvm"].defaults, **knobs}, "test")
-    return build.load(build.find_entry(variant) or build.build_entry(variant, paths.cache_dir()), op)
+    return build.load(build.find_or_build(variant), op)
 
 
 def hand_tuned_and_query_block(op, names, args, out_shapes, query_block):

@@ -281,6 +281,12 @@ def find_entry(variant: Variant) -> Path | None:
     return None
 
 
+def find_or_build(variant: Variant, out_dir: Path | None = None) -> Path:
+    """The library of `variant`: found in the search directories, else built into out_dir
+    (default: the cache)."""
+    return find_entry(variant) or build_entry(variant, paths.cache_dir() if out_dir is None else out_dir)
+
+
 class Kernels(dict):
     """{kernel name: callable} of one library, and the plan (tile sizes, knobs) it was built with:
     launch reads what it must match from `plan` (e.g. which kernel set a knob selected)."""

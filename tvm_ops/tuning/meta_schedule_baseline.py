@@ -473,8 +473,7 @@ def _median_rounds(configs: dict, rounds: int, repeat: int, budget_s: float) -> 
 
 
 def _load_variant(variant: build.Variant) -> dict:
-    entry = build.find_entry(variant) or build.build_entry(variant, paths.cache_dir())
-    return build.load(entry, variant.op)
+    return build.load(build.find_or_build(variant), variant.op)
 
 
 def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, trials: int = 16,

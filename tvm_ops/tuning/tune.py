@@ -94,7 +94,7 @@ def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin
     from ..ops import get
 
     variant = build.Variant(get(op_name), dtype, model, knobs, origin, one_core)
-    return str(build.find_entry(variant) or build.build_entry(variant, Path(out_dir)))
+    return str(build.find_or_build(variant, Path(out_dir)))
 
 
 @dataclass
