@@ -110,20 +110,39 @@ def assert_trains_alike(ours, theirs, inputs: tuple, target, steps: int = 5, lr:
             assert_close(p, q, f"step {step} parameter {name}", atol=parameter_atol)
 
 
-def assert_compiles_alike(model, inputs: tuple) -> None:
-    """torch.compile(fullgraph=True: a graph break raises, backend aot_eager: the fake
-    implementations and the registered backward are traced) gives the eager output and
-    gradients of mean(model(*inputs) ** 2)."""
+def assert_compiles_alike(model, inputs: tuple, resized: tuple | None = None) -> None:
+    """torch.compile(fullgraph=True: a graph break raises; backend aot_eager: the fake
+    implementations and the registered backward are traced; dynamic=True: sizes symbolic)
+    gives the eager output and gradients of mean(model(*inputs) ** 2), and then, for
+    `resized` (inputs of other sizes, as the next batch of a point cloud or image set
+    brings), the same without compiling again."""
     import torch
 
-    eager = model(*inputs)
-    eager.square().mean().backward()
-    eager_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    out = compiled(*inputs)
-    out.square().mean().backward()
-    # the same kernels run either way: torch's default float32 tolerances
-    torch.testing.assert_close(out, eager)
-    for p, g in zip(model.parameters(), eager_grads):
-        torch.testing.assert_close(p.grad, g)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for run, args in enumerate([inputs] if resized is None else [inputs, resized]):
+        model.zero_grad()
+        eager = model(*args)
+        eager.square().mean().backward()
+        eager_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        with torch.compiler.set_stance("fail_on_recompile" if run else "default"):
+            out = compiled(*args)
+            out.square().mean().backward()
+        # the same kernels run either way: torch's default float32 tolerances
+        torch.testing.assert_close(out, eager)
+        for p, g in zip(model.parameters(), eager_grads):
+            torch.testing.assert_close(p.grad, g)
+
+
+def assert_exports_alike(model, inputs: tuple) -> None:
+    """torch.export.export traces the model through the custom ops, and the program, saved
+    and loaded again (as a deployment ships it), gives the eager output bit for bit."""
+    import io
+
+    import torch
+
+    saved = io.BytesIO()
+    torch.export.save(torch.export.export(model, inputs), saved)
+    saved.seek(0)
+    loaded = torch.export.load(saved).module()
+    torch.testing.assert_close(loaded(*inputs), model(*inputs), rtol=0, atol=0)

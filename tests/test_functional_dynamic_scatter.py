@@ -11,7 +11,7 @@ nn = torch.nn
 import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
+from .conftest import assert_compiles_alike, assert_exports_alike, assert_trains_alike, torch_devices  # noqa: E402
 
 DEVICES = torch_devices()
 
@@ -115,10 +115,16 @@ def test_opcheck_passes_for_both_ops():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_encoder_compiles_without_graph_breaks(device):
+def test_encoder_compiles_without_graph_breaks_for_any_point_count(device):
     torch.manual_seed(7)
-    inputs = tuple(t.to(device) for t in point_cloud(seed=8))
-    assert_compiles_alike(DynamicVoxelEncoder(tf.dynamic_scatter).to(device), inputs)
+    inputs, resized = (tuple(t.to(device) for t in point_cloud(seed=seed, points=points))
+                       for seed, points in ((8, 300), (9, 410)))
+    assert_compiles_alike(DynamicVoxelEncoder(tf.dynamic_scatter).to(device), inputs, resized)
+
+
+def test_encoder_exports_with_the_eager_numbers():
+    torch.manual_seed(7)
+    assert_exports_alike(DynamicVoxelEncoder(tf.dynamic_scatter), point_cloud(seed=8))
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):

@@ -9,7 +9,7 @@ nn = torch.nn
 
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
+from .conftest import assert_compiles_alike, assert_exports_alike, assert_trains_alike, torch_devices  # noqa: E402
 
 DEVICES = torch_devices()
 
@@ -132,11 +132,17 @@ def test_opcheck_passes_for_the_three_ops():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_feature_propagation_compiles_without_graph_breaks(device):
+def test_feature_propagation_compiles_without_graph_breaks_for_any_point_count(device):
     torch.manual_seed(6)
     module = FeaturePropagation(tf.three_nn, tf.three_interpolate).to(device)
-    inputs = [t.to(device) for t in problem(seed=7)]
-    assert_compiles_alike(module, inputs[:-1])
+    inputs, resized = (tuple(t.to(device) for t in problem(seed=seed, dense=dense, coarse=coarse)[:-1])
+                       for seed, dense, coarse in ((7, 45, 11), (8, 61, 17)))
+    assert_compiles_alike(module, inputs, resized)
+
+
+def test_feature_propagation_exports_with_the_eager_numbers():
+    torch.manual_seed(6)
+    assert_exports_alike(FeaturePropagation(tf.three_nn, tf.three_interpolate), problem(seed=7)[:-1])
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):

@@ -12,7 +12,7 @@ F = torch.nn.functional
 import tvm_ops  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 
-from .conftest import assert_compiles_alike, assert_trains_alike, torch_devices  # noqa: E402
+from .conftest import assert_compiles_alike, assert_exports_alike, assert_trains_alike, torch_devices  # noqa: E402
 
 VOXELS = (12, 10, 4)  # X, Y, Z
 
@@ -151,6 +151,11 @@ def test_lift_splat_pool_trains_like_the_stock_pooling(device):
 def test_compiles_without_graph_breaks_and_gives_the_eager_numbers():
     images = torch.randn(2, C_IN, H, W, generator=torch.Generator().manual_seed(7))
     assert_compiles_alike(twin_models()[0], (images, frustum_geometry(2), VOXELS))
+
+
+def test_exports_with_the_eager_numbers():
+    images = torch.randn(2, C_IN, H, W, generator=torch.Generator().manual_seed(7))
+    assert_exports_alike(twin_models()[0], (images, frustum_geometry(2), VOXELS))
 
 
 def test_no_grad_runs_the_forward_alone(monkeypatch):
