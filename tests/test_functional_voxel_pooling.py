@@ -158,6 +158,30 @@ def test_exports_with_the_eager_numbers():
     assert_exports_alike(twin_models()[0], (images, frustum_geometry(2), VOXELS))
 
 
+class GridAsBuffer(nn.Module):
+    """BEVDepth keeps voxel_num as a module buffer and passes the tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("voxel_num", torch.tensor(VOXELS))
+
+    def forward(self, geom, features):
+        return tf.voxel_pooling(geom, features, self.voxel_num)
+
+
+def test_a_voxel_num_tensor_is_refused_by_tracing_with_a_clear_error_and_runs_eagerly_otherwise():
+    geom = frustum_geometry(1)
+    features = torch.randn(*geom.shape[:-1], 3, generator=torch.Generator().manual_seed(8))
+    model = GridAsBuffer()
+    eager = model(geom, features)
+    with pytest.raises(tvm_ops.BadParamError, match="Python ints"):
+        torch.export.export(model, (geom, features))
+    with pytest.raises(Exception, match="Python ints"):  # dynamo reports the error it traced
+        torch.compile(model, fullgraph=True, backend="aot_eager")(geom, features)
+    # without fullgraph the call leaves the graph and reads the tensor eagerly
+    torch.testing.assert_close(torch.compile(model, backend="aot_eager")(geom, features), eager, rtol=0, atol=0)
+
+
 def test_no_grad_runs_the_forward_alone(monkeypatch):
     from tvm_ops.ops import voxel_pooling_backward as backward
 

@@ -271,8 +271,10 @@ def voxel_pooling(geom_xyz: Tensor, input_features: Tensor, voxel_num) -> Tensor
     BEVDepth passes, after .int()) or int64 (values outside int32 are outside the grid, so
     they are clamped to -1 or INT32_MAX on the device before the conversion: the same points
     are dropped). A voxel_num tensor is read on the host: once per tensor and version for a
-    CUDA tensor (interop.host_values), the one host synchronisation of these functions;
-    torch.compile needs Python ints there. Rules and checks: tvm_ops.voxel_pooling_forward."""
+    CUDA tensor (interop.host_values), the one host synchronisation of these functions.
+    torch.compile(fullgraph=True) and torch.export cannot trace that read: they need Python
+    ints (a BadParamError says so; without fullgraph the call runs eagerly, a graph break).
+    Rules and checks: tvm_ops.voxel_pooling_forward."""
     num_x, num_y, num_z = _voxel_num(voxel_num)
     if geom_xyz.dim() < 2 or geom_xyz.shape[-1] != 3 or input_features.dim() != geom_xyz.dim() or \
             geom_xyz.shape[:-1] != input_features.shape[:-1]:
@@ -294,6 +296,10 @@ def _voxel_num(voxel_num) -> tuple[int, int, int]:
         if voxel_num.dtype.is_floating_point or voxel_num.dtype == torch.bool or voxel_num.numel() != 3:
             raise BadParamError(f"voxel_pooling: voxel_num must be 3 integers (X, Y, Z), got a {voxel_num.dtype} "
                                 f"tensor of shape {list(voxel_num.shape)}")
+        if torch.compiler.is_compiling():  # a traced tensor has no values to read
+            raise BadParamError("voxel_pooling: voxel_num is read on the host, which torch.compile(fullgraph=True) "
+                                "and torch.export cannot trace from a tensor; pass (X, Y, Z) as Python ints, "
+                                "e.g. tuple(voxel_num.tolist()) read once outside the traced code")
         return interop.host_values(voxel_num, _three_ints)
     values = list(voxel_num)
     if len(values) != 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
