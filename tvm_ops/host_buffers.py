@@ -79,8 +79,10 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
         return np.empty(shape, dtype)
     if not reused(shape, dtype):
         raw = np.empty(nbytes + LINE_BYTES, np.uint8)
-        start = -raw.ctypes.data % LINE_BYTES
-        return raw[start:start + nbytes].view(dtype).reshape(shape)
+        # ctypes.addressof rather than raw.ctypes.data (which builds a helper object: ~1 us
+        # more), one constructor rather than a slice, a view and a reshape
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % LINE_BYTES
+        return np.ndarray(shape, dtype, raw, start)
     block = _take(nbytes)
     if block is None:
         block = mmap.mmap(-1, nbytes)  # page-aligned, private, anonymous
