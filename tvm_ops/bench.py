@@ -493,7 +493,8 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     """The public call on the case's inputs, its PyTorch peers and its roofline, timed in
     turn (interleaved_medians); `bandwidth`: the run's stream bandwidth, measured once."""
     inputs, params = material(op).make_inputs(case, dtype, runner.case_rng(op.name, case.name, dtype))
-    inputs = {name: line_aligned(value) for name, value in inputs.items()}
+    # numpy's large arrays start 16 bytes into a line: a row of whole lines would straddle one more
+    inputs = {name: host_buffers.line_aligned(value) for name, value in inputs.items()}
     on_target = runner.to_target(model, inputs)
     sync = None
     if model.kind == "cuda":
@@ -527,17 +528,6 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
         io_bytes / seconds / bound_bandwidth, (ops / seconds / peak) if ops and peak else None,
         main_ms, (main_ms / 1e3 / seconds) if main_ms else None, peer_ms, main_peer, bound.name,
         bound_bandwidth / 1e9, one_core)
-
-
-def line_aligned(value):
-    """A numpy input copied to start on a cache line, as PyTorch's CPU tensors (and the
-    rooflines' TVM buffers) do: numpy's large arrays start 16 bytes into one, so a row of
-    whole lines would straddle one more line in every call."""
-    if not isinstance(value, np.ndarray) or value.ctypes.data % host_buffers.LINE_BYTES == 0:
-        return value
-    aligned = host_buffers.empty(value.shape, value.dtype, line_aligned=True)
-    aligned[...] = value
-    return aligned
 
 
 def peer_timings(op, inputs: dict, params: dict, model: TargetModel, rounds: int, sync) -> dict:

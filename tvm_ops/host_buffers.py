@@ -94,6 +94,17 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     return np.frombuffer(owner, dtype).reshape(shape)
 
 
+def line_aligned(value):
+    """A numpy array copied to start on a cache line (as PyTorch's CPU tensors and TVM's
+    buffers do; numpy's large arrays start 16 bytes into one), or `value` itself when it
+    already does or is no numpy array."""
+    if not isinstance(value, np.ndarray) or value.ctypes.data % LINE_BYTES == 0:
+        return value
+    aligned = empty(value.shape, value.dtype, line_aligned=True)
+    aligned[...] = value
+    return aligned
+
+
 def cached_bytes() -> int:
     """Bytes held in free blocks now."""
     return _free_bytes

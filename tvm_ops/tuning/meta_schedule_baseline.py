@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, dispatch, paths
+from .. import build, dispatch, host_buffers, paths
 from ..errors import BadParamError, NotSupportedError
 from ..macro_lookup import fast_macro_lookup
 from ..targets import TargetModel
@@ -170,8 +170,8 @@ def _swap(kernels: dict, replacements: dict) -> dict:
     return swapped
 
 
-def align_tensors(harness: tune.Harness, alignment: int = 64) -> None:
-    """Replace the harness's numpy tensors by copies aligned to `alignment` bytes.
+def align_tensors(harness: tune.Harness) -> None:
+    """Replace the harness's numpy tensors by copies that start on a cache line (64 bytes).
 
     TVM declares every buffer parameter 64-byte aligned; numpy's large arrays are only
     16-byte aligned. meta_schedule vectorises parameter buffers (e.g. dynamic_scatter's
@@ -180,12 +180,7 @@ def align_tensors(harness: tune.Harness, alignment: int = 64) -> None:
     """
     for tensors in (harness.inputs, harness.results):  # workspaces are allocated line-aligned
         for name, value in list(tensors.items()):
-            if isinstance(value, np.ndarray) and value.ctypes.data % alignment:
-                raw = np.empty(value.nbytes + alignment, np.uint8)
-                start = -raw.ctypes.data % alignment
-                aligned = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
-                aligned[...] = value
-                tensors[name] = aligned
+            tensors[name] = host_buffers.line_aligned(value)
 
 
 def _same_signature(a: list, b: list) -> bool:
