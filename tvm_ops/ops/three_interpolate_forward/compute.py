@@ -75,6 +75,12 @@ def _vector_term(IDX, W, features, b, c, M, k, lanes, gather):
     return T.Select(inside, value, T.Broadcast(T.float32(0), lanes))
 
 
+def _vector_sum(IDX, W, features, b, c, M, lanes, dtype, gather):
+    """The output vector of channel c: the three _vector_terms summed in k order, cast once."""
+    return T.Cast(f"{dtype}x{lanes}", _vector_term(IDX, W, features, b, c, M, 0, lanes, gather) + _vector_term(
+        IDX, W, features, b, c, M, 1, lanes, gather) + _vector_term(IDX, W, features, b, c, M, 2, lanes, gather))
+
+
 def gather_compute(dtype: str, lanes: int, c_tile: int):
     """The CPU kernel (written in its scheduled form): a block per (batch, block of c_tile
     channels); per vector of `lanes` points (the last moved back to end at N, as
@@ -86,6 +92,21 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"
     i32_gather = f"tvm_ops_gather_i32_x{lanes}"
     scratch = scratch_scope("llvm")
+
+    @T.macro
+    def point_vectors(IDX, W, features, indices, weights, out, b, c0, channels, M, N, unrolled):
+        # per vector of points: its neighbours' indices and weights gathered once, then one
+        # output vector per channel of the block
+        for o in range(T.ceildiv(N, lanes)):
+            n0 = T.Bind(T.min(o * lanes, N - lanes))
+            for k in T.unroll(3):
+                IDX[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"int32x{lanes}", i32_gather, T.address_of(
+                    indices[b, n0, 0]), T.Ramp(k, 3, lanes))
+                W[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"float32x{lanes}", f32_gather, T.address_of(
+                    weights[b, n0, 0]), T.Ramp(k, 3, lanes))
+            for ci in T.unroll(channels) if unrolled else T.serial(channels):
+                out[b, c0 + ci, T.Ramp(n0, 1, lanes)] = _vector_sum(IDX, W, features, b, c0 + ci, M, lanes,
+                                                                    dtype, f32_gather)
 
     @T.prim_func(s_tir=True)
     def three_interpolate_forward(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -104,20 +125,13 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
                 W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
                 b = T.Bind(vt // T.ceildiv(C, c_tile))
                 c0 = T.Bind(vt % T.ceildiv(C, c_tile) * c_tile)
-                for o in range(T.ceildiv(N, lanes)):
-                    n0 = T.Bind(T.min(o * lanes, N - lanes))
-                    for k in T.unroll(3):
-                        IDX[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"int32x{lanes}", i32_gather, T.address_of(
-                            indices[b, n0, 0]), T.Ramp(k, 3, lanes))
-                        W[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"float32x{lanes}", f32_gather, T.address_of(
-                            weights[b, n0, 0]), T.Ramp(k, 3, lanes))
-                    for ci in T.unroll(c_tile):
-                        # the channel tail repeats channel C - 1: the same values stored again
-                        c = T.Bind(T.min(c0 + ci, C - 1))
-                        out[b, c, T.Ramp(n0, 1, lanes)] = T.Cast(f"{dtype}x{lanes}", _vector_term(
-                            IDX, W, features, b, c, M, 0, lanes, f32_gather) + _vector_term(
-                            IDX, W, features, b, c, M, 1, lanes, f32_gather) + _vector_term(
-                            IDX, W, features, b, c, M, 2, lanes, f32_gather))
+                # a whole block's channels unrolled; the last block of C % c_tile channels (all
+                # of them when C < c_tile) in a loop: repeating channel C - 1 to fill the block
+                # did c_tile times the work of a one-channel call
+                if c0 + c_tile <= C:
+                    point_vectors(IDX, W, features, indices, weights, out, b, c0, c_tile, M, N, True)
+                else:
+                    point_vectors(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
 
     return three_interpolate_forward
 
