@@ -86,15 +86,16 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     channels); per vector of `lanes` points (the last moved back to end at N, as
     point_vectors does) the indices and weights of the 3 neighbours are gathered once (a
     stride-3 gather each), then per channel the 3 features are gathered and the sum stored
-    as one vector. The same float32 terms in the same order as forward_compute: the same
-    bits. The gathers are calls of gather_ir's functions (TVM's LLVM codegen turns a
-    per-lane load into lanes scalar loads and inserts)."""
+    as one vector (a whole block's channels unrolled, the last block's C % c_tile in a loop).
+    The same float32 terms in the same order as forward_compute: the same bits. The gathers
+    are calls of gather_ir's functions (TVM's LLVM codegen turns a per-lane load into lanes
+    scalar loads and inserts)."""
     f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"
     i32_gather = f"tvm_ops_gather_i32_x{lanes}"
     scratch = scratch_scope("llvm")
 
     @T.macro
-    def point_vectors(IDX, W, features, indices, weights, out, b, c0, channels, M, N, unrolled):
+    def walk_points(IDX, W, features, indices, weights, out, b, c0, channels, M, N, unrolled):
         # per vector of points: its neighbours' indices and weights gathered once, then one
         # output vector per channel of the block
         for o in range(T.ceildiv(N, lanes)):
@@ -126,12 +127,12 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
                 b = T.Bind(vt // T.ceildiv(C, c_tile))
                 c0 = T.Bind(vt % T.ceildiv(C, c_tile) * c_tile)
                 # a whole block's channels unrolled; the last block of C % c_tile channels (all
-                # of them when C < c_tile) in a loop: repeating channel C - 1 to fill the block
-                # did c_tile times the work of a one-channel call
+                # of them when C < c_tile) in a loop (filling the block by repeating channel
+                # C - 1 costs a one-channel call c_tile times its work)
                 if c0 + c_tile <= C:
-                    point_vectors(IDX, W, features, indices, weights, out, b, c0, c_tile, M, N, True)
+                    walk_points(IDX, W, features, indices, weights, out, b, c0, c_tile, M, N, True)
                 else:
-                    point_vectors(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
+                    walk_points(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
 
     return three_interpolate_forward
 
