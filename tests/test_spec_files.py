@@ -49,6 +49,17 @@ BY_MODE = GOOD.replace("outputs:", "params:\n  mode: {type: str, choices: [a, b]
     'theory: {io_bytes: "B*N*itemsize*2"}', 'theory: {io_bytes: "B*N*itemsize*2", io_bytes_by: {mode: {b: "B*N"}}}')
 
 
+def test_formulas_are_arithmetic_over_their_symbols():
+    env = {"B": 3, "N": 5, "itemsize": 4}
+    assert spec.evaluate("B*N*itemsize + 2**3 - 7/2 + 7//2", env) == 3 * 5 * 4 + 8 - 3.5 + 3
+    assert spec.evaluate("B*N*itemsize + 2**3 - 7/2 + 7//2", dict(env, B=4)) == 4 * 5 * 4 + 8 - 3.5 + 3  # parsed once
+    with pytest.raises(KeyError, match="M"):
+        spec.evaluate("B*M", env)
+    for bad in ("abs(B)", "-B", "B.real", "'B'", "B if N else 1", "[B][0]"):
+        with pytest.raises(ValueError, match="unsupported syntax"):
+            spec.evaluate(bad, env)
+
+
 def test_io_formula_by_parameter_value(tmp_path):
     s = spec.parse(write(tmp_path, BY_MODE))
     assert s.theory({"B": 2, "N": 3}, 4, {"mode": "b"}) == (6, None)
@@ -62,6 +73,9 @@ def test_io_formula_by_parameter_value(tmp_path):
                   "  - {name: small, set: network, shape: {B: 2}}"), "cases[0].shape"),
     (GOOD.replace("set: network", "set: nightly"), "cases[0].set"),
     (GOOD.replace('io_bytes: "B*N*itemsize*2"', 'io_bytes: "B*Q"'), "theory.io_bytes"),
+    (GOOD.replace('io_bytes: "B*N*itemsize*2"', 'io_bytes: "max(B, N)"'), "theory.io_bytes"),  # no calls
+    (GOOD.replace('io_bytes: "B*N*itemsize*2"', 'io_bytes: "B.real * N"'), "theory.io_bytes"),
+    (GOOD.replace('io_bytes: "B*N*itemsize*2"', 'io_bytes: "B*N*"'), "theory.io_bytes"),
     (GOOD.replace("op: demo_op", "op: other"), "op"),
     (GOOD.replace("accuracy: {float32: {diff1: 1.0e-5}}", "accuracy: {float32: {diff9: 1}}"), "accuracy.float32.diff9"),
     (GOOD.replace("dtype_of: x", "dtype_of: z"), "y.dtype_of"),
