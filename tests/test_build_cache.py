@@ -18,7 +18,7 @@ from tvm_ops.ops import NAMES, get
 
 from .conftest import gpu_skip_reason
 
-OP = get("three_interpolate_forward")  # the op that builds fastest of those with knobs and a float16 dtype
+OP = get("three_interpolate_forward")  # libraries built in under a second (this file builds dozens), with knobs and float16
 
 # One call in a fresh process; prints how many libraries it had to compile.
 CHILD = """
