@@ -97,7 +97,7 @@ def border_sample(x0, y0, x1, y1, i, pool_size, where):
     if where is not np.where:
         import torch
 
-        moves_x = torch.from_numpy(moves_x)
+        moves_x = torch.from_numpy(moves_x).to(x0.device)  # the peers run on the GPU too
     x = where(moves_x, where(i == pool_size, ex, along(sx, ex, i, pool_size)), sx)
     y = where(~moves_x, where(i == pool_size, ey, along(sy, ey, i, pool_size)), sy)
     return x, y
