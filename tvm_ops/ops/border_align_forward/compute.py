@@ -61,7 +61,7 @@ def forward_compute(dtype: str, part: str = "all", lanes: int = 1):
         best = T.sblock_alloc_buffer((N, K, 4, C), "float32")
         # the sample's position, staged once for its four corner parts: inline, each part's
         # cells and weight repeated it (its float64 step included) in every subexpression,
-        # and the CPU library took 11.6 s to build instead of 3.9
+        # and the CPU library took 11.6 s to build instead of 4.2
         for n, k, s, i, a in T.grid(N, K, 4, pool_size + 1, 2):
             with T.sblock("position"):
                 vn, vk, vs, vi, va = T.axis.remap("SSSSS", [n, k, s, i, a])
