@@ -3,10 +3,10 @@ sampling rule (position, strict validity test, per-corner validity), so both dir
 on every sample.
 
 The sampling position is the exact loc * size - 0.5 rounded once to the input precision:
-what mmcv's CUDA kernel gets from nvcc's fused multiply-add. On the CPU it is one fused
-multiply-add (`fma_position`: llvm.fma), on CUDA it goes through float64
-(`exact_position`). Without this the cell choice (where grad_sampling_loc is
-discontinuous) would depend on whether LLVM or nvcc contract the multiply and subtract.
+what mmcv's CUDA kernel gets from nvcc's fused multiply-add. It is one fused multiply-add on
+both targets (`fma_position`: llvm.fma; `cuda_fma_position`: __fmaf_rn), so they pick the
+same cells. Without this the cell choice (where grad_sampling_loc is discontinuous) would
+depend on whether LLVM or nvcc contract the multiply and subtract.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ def fma_position(dtype: str):
     return position
 
 
-def exact_position(dtype: str):
-    """position(coord, size) through float64: the product of a float32 and a level size is
-    exact there, so only the final cast rounds (CUDA)."""
+def cuda_fma_position(dtype: str):
+    """position(coord, size) on CUDA: one fused multiply-add (CUDA's __fmaf_rn), the same
+    value as the CPU's fma_position."""
+    assert dtype == "float32", dtype
 
     def position(coord, size):
-        return T.Cast(dtype, T.Cast("float64", coord) * T.Cast("float64", size) - T.float64(0.5))
+        return T.call_pure_extern(dtype, "__fmaf_rn", coord, T.Cast(dtype, size), tirx.const(-0.5, dtype))
 
     return position
 

@@ -34,17 +34,18 @@ heads), used when C matches.
       counter's atomicrmw, llvm.fma) is generic, and the channel loop takes the
       target's vector width (16 lanes with AVX-512, 8 with AVX2, 4 on aarch64's NEON);
       a CPU without FMA instructions gets LLVM's exact software fma, slower.
-  CUDA (cuda_backward_compute, scheduled in schedules/): the same TensorIR blocks
-      as two nests (corner + scatter with atomicAdd; corner + corner_dot +
-      finalize) in one function, which TVM launches as two kernels; both names
-      hold it.
+  CUDA (cuda_backward_compute): one pass too, a warp per (b, q, head) and a lane
+      per channel: per sample the lanes load their four corner values together,
+      atomicAdd w_k a g into grad_value and sum their shares of the three
+      channel sums, which go over the warp together (6 shuffles). Also TensorIR in
+      its scheduled form (compute.py says why); every name holds it.
 im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
 on it, so the kernels ignore it (checked on the host).
 
 Precision: the sampling position is computed as the exact loc * h_l - 0.5
-rounded once to float32 (ops/ms_deform_attn_sampling.py: on the CPU one fused multiply-add, on CUDA
-through float64); the channel dots and the grad_value accumulation are float32, in a
-fixed order per (b, h) slice.
+rounded once to float32 (ops/ms_deform_attn_sampling.py: one fused multiply-add on both
+targets); the channel dots and the grad_value accumulation are float32, on the CPU in a
+fixed order per (b, h) slice (on CUDA grad_value's atomics add in any order).
 
 Safety: every value / grad_value access is guarded by corner validity AND
 0 <= row < K, so any finite sampling location, and inconsistent
@@ -93,8 +94,8 @@ class MsDeformAttnBackward(LevelChecks, Operator):
         if model.kind == "llvm":
             # deal_num over C: the channel loop in whole float32 vectors, C % lanes scalar
             plan["lanes"] = pol.lanes
-        # (CUDA: a block is threads_c channels x threads_h heads; the corner rows and
-        # weights stay in registers, nothing is staged in shared memory)
+        # (CUDA: a block is threads_h warps, a head each, a lane per channel; the corner
+        # rows and weights stay in registers, nothing is staged in shared memory)
         return plan
 
     def computes(self, dtype, plan, model):
@@ -104,7 +105,7 @@ class MsDeformAttnBackward(LevelChecks, Operator):
                                                fixed if name.endswith("_fixed_c") else None,
                                                int(plan["prefetch_near_kb"]), int(plan["query_block"]))
                     for name in KERNELS}
-        return {name: cuda_backward_compute(dtype) for name in KERNELS}
+        return {name: cuda_backward_compute(dtype, int(plan["threads_h"])) for name in KERNELS}
 
     def zeroed(self, problem, plan):
         return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it

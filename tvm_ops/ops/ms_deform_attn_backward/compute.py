@@ -1,22 +1,31 @@
-"""Kernels of ms_deform_attn_backward: a hand-written CPU loop nest and the CUDA compute.
+"""Kernels of ms_deform_attn_backward: hand-written loop nests for the CPU and for CUDA.
 
-The CPU kernel (`cpu_backward_compute`) is a hand-written loop nest: TensorIR written in
-its scheduled form, not a compute plus a schedule, because TensorIR's block rules cannot
-fuse the scatter (a reduction block with an init) with the per-sample channel dots, and the
-fused pass is what makes it fast. It needs no fallback for other CPUs: its LLVM IR
+Both are TensorIR written in its scheduled form, not a compute plus a schedule, because
+TensorIR's block rules cannot fuse the scatter (a reduction block with an init) with the
+per-sample channel dots, and the fused pass is what makes them fast.
+
+The CPU kernel (`cpu_backward_compute`) needs no fallback for other CPUs: its LLVM IR
 (task_queue's atomicrmw, the sampling rule's llvm.fma) is generic, so nothing here belongs in
-ops/cpu_ir.py, and its lanes are the target's (TargetModel.lanes: 4 on aarch64). The CUDA
-compute (`cuda_backward_compute`) is scheduled by schedule.py.
+ops/cpu_ir.py, and its lanes are the target's (TargetModel.lanes: 4 on aarch64).
+
+The CUDA kernel (`cuda_backward_compute`) also sums its three channel sums over the warp
+together, in 6 shuffles (_warp_sums_of_three); a reduction block per sum would give an
+all-reduce each (5 shuffles apiece, one after the other). The compute it replaced, two block
+nests (corner + scatter; corner + channel dots + finalize) scheduled as two kernels, ran
+2.2-3.7x slower (docs/kernels/ms_deform_attn_backward.md). It is generic CUDA C (warp
+shuffles, float atomicAdd, __fmaf_rn) for every NVIDIA architecture TVM targets, so it needs
+no fallback either.
 """
 
 from __future__ import annotations
 
-from tvm import tirx
 import numpy as np
+from tvm import tirx
+from tvm.backend.cuda.op import cuda_atomic_add
 from tvm.script import tirx as T
 
 from .. import task_queue
-from ..ms_deform_attn_sampling import block_corners_macro, corner_macro, exact_position
+from ..ms_deform_attn_sampling import block_corners_macro, cuda_fma_position
 from ..prefetch import prefetch_words
 
 # *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
@@ -37,89 +46,45 @@ def queries_ahead(samples: int, P):
 # --------------------------------------------------------------------------
 
 
-def _nest_macros(dtype: str):
-    """The CUDA kernel's two block nests (scatter; corner dots + finalize), as macros
-    over the buffers of the function that expands them."""
-    zero = tirx.const(0, dtype)
-    corner = corner_macro(dtype, exact_position(dtype))
-
-    @T.macro
-    def grad_value_nest(shapes, lsi, loc, attn, gout, gv, gv_rows, gv_w, gv_dx, gv_dy, B, K, H, C, L, Q, P):
-        for b, h, q, l, p, k in T.grid(B, H, Q, L, P, 4):
-            with T.sblock("gv_corner"):
-                vb, vh, vq, vl, vp, vk = T.axis.remap("SSSSSS", [b, h, q, l, p, k])
-                T.reads(shapes[vl, 0:2], lsi[vl], loc[vb, vq, vh, vl, vp, 0:2])
-                T.writes(gv_rows[vb, vq, vh, vl, vp, vk], gv_w[vb, vq, vh, vl, vp, vk],
-                         gv_dx[vb, vq, vh, vl, vp, vk], gv_dy[vb, vq, vh, vl, vp, vk])
-                corner(shapes, lsi, loc, gv_rows, gv_w, gv_dx, gv_dy, vb, vq, vh, vl, vp, vk, K)
-        for b, h, q, l, p, k, c in T.grid(B, H, Q, L, P, 4, C):
-            with T.sblock("grad_value"):
-                # scatter: (b, h, c) own the output slice; (q, l, p, k), the sample
-                # corners that accumulate into it, are reduction iters
-                vb, vh, vq, vl, vp, vk, vc = T.axis.remap("SSRRRRS", [b, h, q, l, p, k, c])
-                T.reads(gv_rows[vb, vq, vh, vl, vp, vk], gv_w[vb, vq, vh, vl, vp, vk],
-                        attn[vb, vq, vh, vl, vp], gout[vb, vq, vh, vc], gv[vb, 0:K, vh, vc])
-                T.writes(gv[vb, 0:K, vh, vc])
-                with T.init():
-                    for kk in range(K):
-                        gv[vb, kk, vh, vc] = zero
-                r: T.let = gv_rows[vb, vq, vh, vl, vp, vk]
-                if r >= 0:
-                    gv[vb, r, vh, vc] = gv[vb, r, vh, vc] + (
-                        gv_w[vb, vq, vh, vl, vp, vk] * attn[vb, vq, vh, vl, vp]) * gout[vb, vq, vh, vc]
-
-    @T.macro
-    def grad_loc_attn_nest(value, shapes, lsi, loc, attn, gout, gloc, gattn, rows, w, dx, dy, d, B, K, H, C, L, Q, P):
-        for b, h, q, l, p, k in T.grid(B, H, Q, L, P, 4):
-            with T.sblock("corner"):
-                vb, vh, vq, vl, vp, vk = T.axis.remap("SSSSSS", [b, h, q, l, p, k])
-                T.reads(shapes[vl, 0:2], lsi[vl], loc[vb, vq, vh, vl, vp, 0:2])
-                T.writes(rows[vb, vq, vh, vl, vp, vk], w[vb, vq, vh, vl, vp, vk],
-                         dx[vb, vq, vh, vl, vp, vk], dy[vb, vq, vh, vl, vp, vk])
-                corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K)
-        for b, h, q, l, p, k, c in T.grid(B, H, Q, L, P, 4, C):
-            with T.sblock("corner_dot"):
-                # d_k = sum_c g[c] * v_k[c]
-                vb, vh, vq, vl, vp, vk, vc = T.axis.remap("SSSSSSR", [b, h, q, l, p, k, c])
-                T.reads(rows[vb, vq, vh, vl, vp, vk], gout[vb, vq, vh, vc], value[vb, 0:K, vh, vc])
-                T.writes(d[vb, vq, vh, vl, vp, vk])
-                with T.init():
-                    d[vb, vq, vh, vl, vp, vk] = zero
-                # `likely(vc < C)`: a no-op for the math that keeps a split channel
-                # loop in bounds if a schedule rfactors it (rfactor drops the split predicate)
-                d[vb, vq, vh, vl, vp, vk] = d[vb, vq, vh, vl, vp, vk] + T.if_then_else(
-                    T.likely(vc < C) and rows[vb, vq, vh, vl, vp, vk] >= 0,
-                    gout[vb, vq, vh, vc] * value[vb, rows[vb, vq, vh, vl, vp, vk], vh, vc], zero)
-        for b, h, q, l, p in T.grid(B, H, Q, L, P):
-            with T.sblock("finalize"):
-                vb, vh, vq, vl, vp = T.axis.remap("SSSSS", [b, h, q, l, p])
-                T.reads(shapes[vl, 0:2], attn[vb, vq, vh, vl, vp], d[vb, vq, vh, vl, vp, 0:4],
-                        w[vb, vq, vh, vl, vp, 0:4], dx[vb, vq, vh, vl, vp, 0:4],
-                        dy[vb, vq, vh, vl, vp, 0:4])
-                T.writes(gloc[vb, vq, vh, vl, vp, 0:2], gattn[vb, vq, vh, vl, vp])
-                d0: T.let = d[vb, vq, vh, vl, vp, 0]
-                d1: T.let = d[vb, vq, vh, vl, vp, 1]
-                d2: T.let = d[vb, vq, vh, vl, vp, 2]
-                d3: T.let = d[vb, vq, vh, vl, vp, 3]
-                a: T.let = attn[vb, vq, vh, vl, vp]
-                # d_k, w_k, dx_k, dy_k are 0 for unused corners and skipped samples
-                gattn[vb, vq, vh, vl, vp] = (
-                    w[vb, vq, vh, vl, vp, 0] * d0 + w[vb, vq, vh, vl, vp, 1] * d1
-                    + w[vb, vq, vh, vl, vp, 2] * d2 + w[vb, vq, vh, vl, vp, 3] * d3)
-                gloc[vb, vq, vh, vl, vp, 0] = T.Cast(dtype, shapes[vl, 1]) * a * (
-                    dx[vb, vq, vh, vl, vp, 0] * d0 + dx[vb, vq, vh, vl, vp, 1] * d1
-                    + dx[vb, vq, vh, vl, vp, 2] * d2 + dx[vb, vq, vh, vl, vp, 3] * d3)
-                gloc[vb, vq, vh, vl, vp, 1] = T.Cast(dtype, shapes[vl, 0]) * a * (
-                    dy[vb, vq, vh, vl, vp, 0] * d0 + dy[vb, vq, vh, vl, vp, 1] * d1
-                    + dy[vb, vq, vh, vl, vp, 2] * d2 + dy[vb, vq, vh, vl, vp, 3] * d3)
-
-    return grad_value_nest, grad_loc_attn_nest
+WARP = 32
 
 
-def cuda_backward_compute(dtype: str):
-    """The CUDA kernel in TensorIR blocks (scheduled by schedules/...:cuda): the scatter
-    nest and the corner-dot nest in one function, which TVM launches as two kernels."""
-    grad_value_nest, grad_loc_attn_nest = _nest_macros(dtype)
+@T.macro
+def _warp_sums_of_three(t, out, lane):
+    """The sums over the warp of three per-lane values t[0:3], reduced together: 6 shuffles
+    where three separate reductions take 15. Each half-warp keeps two of (t0, t1, t2, 0) and
+    trades the other two (xor 16), each quarter keeps one of its two (xor 8), then three
+    butterflies. out[0] of lane 0 ends as sum(t0), of lane 8 as sum(t1), of lane 16 as
+    sum(t2). Every lane of the warp must take part."""
+    full = T.meta_var(T.uint32(0xFFFFFFFF))
+    zero = T.meta_var(T.float32(0))
+    upper: T.let = (lane & 16) != 0
+    u0: T.let = T.Select(upper, t[2], t[0]) + T.tvm_warp_shuffle_xor(full, T.Select(upper, t[0], t[2]), 16, WARP, WARP)
+    u1: T.let = T.Select(upper, zero, t[1]) + T.tvm_warp_shuffle_xor(full, T.Select(upper, t[1], zero), 16, WARP, WARP)
+    odd: T.let = (lane & 8) != 0
+    v0: T.let = T.Select(odd, u1, u0) + T.tvm_warp_shuffle_xor(full, T.Select(odd, u0, u1), 8, WARP, WARP)
+    v1: T.let = v0 + T.tvm_warp_shuffle_xor(full, v0, 4, WARP, WARP)
+    v2: T.let = v1 + T.tvm_warp_shuffle_xor(full, v1, 2, WARP, WARP)
+    out[0] = v2 + T.tvm_warp_shuffle_xor(full, v2, 1, WARP, WARP)
+
+
+def cuda_backward_compute(dtype: str, heads_per_block: int):
+    """The CUDA kernel, written in its scheduled form (see the module docstring): one pass,
+    a warp per (b, q, h), a lane per channel (C > 32: lanes loop over channels), a block
+    per (q, b) and `heads_per_block` heads.
+
+    Per sample, every lane: the position (one fused multiply-add, the CPU's rule), the four
+    corners' rows and weights, its channel's four corner values loaded together (rows of
+    unused corners clamped to row 0 and the product selected away: no branch between the
+    loads), atomicAdd of w_k * a * g into grad_value, and its share of the three sums over
+    channels (grad_attn_weight and the two location terms, from the four corner dots d_k =
+    g * v_k as the CPU groups them). The three go over the warp together
+    (_warp_sums_of_three) and lanes 0, 8 and 16 store them. A skipped sample is the same
+    for every lane of a warp, so the whole warp skips it and lane 0 stores its zeros."""
+    assert dtype == "float32", dtype
+    TH = heads_per_block
+    one, zero = T.float32(1), T.float32(0)
+    position = cuda_fma_position(dtype)
 
     @T.prim_func(s_tir=True)
     def backward(value_h: T.handle, shapes_h: T.handle, lsi_h: T.handle, loc_h: T.handle,
@@ -136,17 +101,75 @@ def cuda_backward_compute(dtype: str):
         gv = T.match_buffer(gv_h, (B, K, H, C), dtype)
         gloc = T.match_buffer(gloc_h, (B, Q, H, L, P, 2), dtype)
         gattn = T.match_buffer(gattn_h, (B, Q, H, L, P), dtype)
-        gv_rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
-        gv_w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        gv_dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        gv_dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
-        w = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        dx = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        dy = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        d = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
-        grad_value_nest(shapes, lsi, loc, attn, gout, gv, gv_rows, gv_w, gv_dx, gv_dy, B, K, H, C, L, Q, P)
-        grad_loc_attn_nest(value, shapes, lsi, loc, attn, gout, gloc, gattn, rows, w, dx, dy, d, B, K, H, C, L, Q, P)
+        for q in T.thread_binding(Q, thread="blockIdx.x"):
+            for b in T.thread_binding(B, thread="blockIdx.y"):
+                for hg in T.thread_binding((H + TH - 1) // TH, thread="blockIdx.z"):
+                    for hi in T.thread_binding(TH, thread="threadIdx.y"):
+                        for lane in T.thread_binding(WARP, thread="threadIdx.x"):
+                            with T.sblock("warp"):
+                                T.reads()
+                                T.writes()
+                                rows = T.alloc_buffer((4,), "int32", scope="local")
+                                w = T.alloc_buffer((4,), dtype, scope="local")
+                                d = T.alloc_buffer((4,), dtype, scope="local")
+                                acc = T.alloc_buffer((3,), dtype, scope="local")
+                                total = T.alloc_buffer((1,), dtype, scope="local")
+                                h: T.let = hg * TH + hi
+                                if h < H:  # the same for the whole warp
+                                    for l, p in T.grid(L, P):
+                                        hl: T.let = shapes[l, 0]
+                                        wl: T.let = shapes[l, 1]
+                                        h_im: T.let = position(loc[b, q, h, l, p, 1], hl)
+                                        w_im: T.let = position(loc[b, q, h, l, p, 0], wl)
+                                        # strict validity test (NaN / Inf fail it); only in-range
+                                        # values reach floor() -> int32
+                                        if (h_im > T.float32(-1) and w_im > T.float32(-1)
+                                                and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl)):
+                                            y0: T.let = T.Cast("int32", T.floor(h_im))
+                                            x0: T.let = T.Cast("int32", T.floor(w_im))
+                                            lh: T.let = h_im - T.Cast(dtype, y0)
+                                            lw: T.let = w_im - T.Cast(dtype, x0)
+                                            a: T.let = attn[b, q, h, l, p]
+                                            for k in T.unroll(4):
+                                                y: T.let = y0 + k // 2
+                                                x: T.let = x0 + k % 2
+                                                r: T.let = lsi[l] + y * wl + x
+                                                # per-corner validity; 0 <= row < K whatever
+                                                # level_start_index says
+                                                rows[k] = T.Select(y >= 0 and y < hl and x >= 0 and x < wl
+                                                                   and r >= 0 and r < K, r, -1)
+                                                w[k] = (T.if_then_else(k // 2 == 1, lh, one - lh)
+                                                        * T.if_then_else(k % 2 == 1, lw, one - lw))
+                                            for i in T.unroll(3):
+                                                acc[i] = zero
+                                            for c0 in range((C + WARP - 1) // WARP):
+                                                c: T.let = c0 * WARP + lane
+                                                if c < C:
+                                                    g: T.let = gout[b, q, h, c]
+                                                    for k in T.unroll(4):
+                                                        # K >= 1 when a kernel runs: row 0 exists
+                                                        d[k] = T.Select(rows[k] >= 0,
+                                                                        g * value[b, T.max(rows[k], 0), h, c], zero)
+                                                    for k in T.unroll(4):
+                                                        if rows[k] >= 0:
+                                                            T.evaluate(cuda_atomic_add(
+                                                                T.address_of(gv[b, rows[k], h, c]), w[k] * a * g))
+                                                    acc[0] = acc[0] + ((one - lh) * ((one - lw) * d[0] + lw * d[1])
+                                                                       + lh * ((one - lw) * d[2] + lw * d[3]))
+                                                    acc[1] = acc[1] + ((one - lh) * (d[1] - d[0]) + lh * (d[3] - d[2]))
+                                                    acc[2] = acc[2] + ((one - lw) * (d[2] - d[0]) + lw * (d[3] - d[1]))
+                                            _warp_sums_of_three(acc, total, lane)
+                                            if lane == 0:
+                                                gattn[b, q, h, l, p] = total[0]
+                                            if lane == 8:
+                                                gloc[b, q, h, l, p, 0] = T.Cast(dtype, wl) * a * total[0]
+                                            if lane == 16:
+                                                gloc[b, q, h, l, p, 1] = T.Cast(dtype, hl) * a * total[0]
+                                        else:
+                                            if lane == 0:
+                                                gattn[b, q, h, l, p] = zero
+                                                gloc[b, q, h, l, p, 0] = zero
+                                                gloc[b, q, h, l, p, 1] = zero
 
     return backward
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ... import policy
 from ..base import Operator
-from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice, exact_position
+from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, cuda_fma_position, private_slice
 from . import schedule
 from .compute import KERNELS, cpu_forward_compute, forward_compute
 
@@ -66,7 +66,7 @@ class MsDeformAttnForward(LevelChecks, Operator):
             return {name: cpu_forward_compute(dtype, plan["lanes"], "_private" in name, int(plan["query_block"]),
                                               fixed if name.endswith("_fixed_c") else None)
                     for name in KERNELS}
-        return {name: forward_compute(dtype, exact_position(dtype)) for name in KERNELS}
+        return {name: forward_compute(dtype, cuda_fma_position(dtype)) for name in KERNELS}
 
     def launch(self, kernels, problem, tensors):
         name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else "forward"

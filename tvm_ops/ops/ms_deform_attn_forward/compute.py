@@ -70,6 +70,7 @@ def forward_compute(dtype: str, position, channels: int | None = None):
         lws = T.sblock_alloc_buffer((B, Q, H, L, P), dtype)
         rows = T.sblock_alloc_buffer((B, Q, H, L, P, 4), "int32")
         weight = T.sblock_alloc_buffer((B, Q, H, L, P, 4), dtype)
+        terms = T.sblock_alloc_buffer((B, Q, H, C, L, P, 4), dtype)
         for b, q, h, l, p in T.grid(B, Q, H, L, P):
             with T.sblock("sample"):
                 vb, vq, vh, vl, vp = T.axis.remap("SSSSS", [b, q, h, l, p])
@@ -86,16 +87,24 @@ def forward_compute(dtype: str, position, channels: int | None = None):
                 corner(shapes, lsi, y0s, x0s, lhs, lws, rows, weight, vb, vq, vh, vl, vp, vk, K)
                 weight[vb, vq, vh, vl, vp, vk] = weight[vb, vq, vh, vl, vp, vk] * attn[vb, vq, vh, vl, vp]
         for b, q, h, c, l, p, k in T.grid(B, Q, H, C, L, P, 4):
+            with T.sblock("term"):
+                # corner k's term of the sum: the load only for a used corner (r is -1
+                # otherwise); a block of its own so that a schedule can load a sample's four
+                # corners before it adds any
+                vb, vq, vh, vc, vl, vp, vk = T.axis.remap("SSSSSSS", [b, q, h, c, l, p, k])
+                T.reads(rows[vb, vq, vh, vl, vp, vk], weight[vb, vq, vh, vl, vp, vk], value[vb, 0:K, vh, vc])
+                T.writes(terms[vb, vq, vh, vc, vl, vp, vk])
+                r: T.let = rows[vb, vq, vh, vl, vp, vk]
+                terms[vb, vq, vh, vc, vl, vp, vk] = T.if_then_else(
+                    r >= 0, weight[vb, vq, vh, vl, vp, vk] * value[vb, T.max(r, 0), vh, vc], zero)
+        for b, q, h, c, l, p, k in T.grid(B, Q, H, C, L, P, 4):
             with T.sblock("output"):
                 vb, vq, vh, vc, vl, vp, vk = T.axis.remap("SSSSRRR", [b, q, h, c, l, p, k])
-                T.reads(rows[vb, vq, vh, vl, vp, vk], weight[vb, vq, vh, vl, vp, vk], value[vb, 0:K, vh, vc])
+                T.reads(terms[vb, vq, vh, vc, vl, vp, vk])
                 T.writes(out[vb, vq, vh, vc])
                 with T.init():
                     out[vb, vq, vh, vc] = zero
-                r: T.let = rows[vb, vq, vh, vl, vp, vk]
-                # the load only for a used corner: r is -1 otherwise
-                out[vb, vq, vh, vc] = out[vb, vq, vh, vc] + T.if_then_else(
-                    r >= 0, weight[vb, vq, vh, vl, vp, vk] * value[vb, T.max(r, 0), vh, vc], zero)
+                out[vb, vq, vh, vc] = out[vb, vq, vh, vc] + terms[vb, vq, vh, vc, vl, vp, vk]
 
     return forward
 

@@ -22,14 +22,18 @@ def llvm(sch, kernel, model, plan):
 
 
 def _samples_at(sch, p):
-    """Each sample's cell, then its four corners, computed at the point loop `p` of the
-    output in registers (scope "local"), the corner loop unrolled."""
+    """Each sample's cell, then its four corners, then their four terms, computed at the
+    point loop `p` of the output in registers (scope "local"), the corner loops unrolled:
+    a thread loads a sample's four corners before it adds any."""
+    term = sch.get_sblock("term")
+    sch.compute_at(term, p)
+    sch.unroll(sch.get_loops(term)[-1])
     corner = sch.get_sblock("corner")
     sch.compute_at(corner, p)
     sch.unroll(sch.get_loops(corner)[-1])
     sample = sch.get_sblock("sample")
     sch.compute_at(sample, p)
-    for block, buffers in ((corner, 2), (sample, 4)):
+    for block, buffers in ((term, 1), (corner, 2), (sample, 4)):
         for buffer in range(buffers):
             sch.set_scope(block, buffer, "local")
 
