@@ -17,7 +17,8 @@ matches.
       (fixed C) over (level, point, corner), channels in vectors. `forward_private` gathers
       from a contiguous copy of the slice's value rows, picked by shape (policy_llvm).
   CUDA (forward_compute, a TensorIR compute scheduled in schedule.py): a thread per output
-      element, as mmcv's im2col; every name holds the same kernel.
+      element, as mmcv's im2col, a sample's four corner loads before its adds; every name
+      holds the same kernel.
 No atomics: each output element is summed by one thread in (l, p, k) order, the same
 bits on every run.
 

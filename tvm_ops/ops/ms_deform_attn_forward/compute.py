@@ -16,8 +16,9 @@ The compute (`forward_compute`):
     corner[b, q, h, l, p, k]  row and weight (bilinear weight * attention) of corner k of
                               the sample, from its cell: together the sampling rule both
                               directions share (ops/ms_deform_attn_sampling.py)
-    output[b, q, h, c]        sum over (l, p, k) of weight * value[b, row, h, c], rows of
-                              unused corners (-1) skipped
+    term[b, q, h, c, l, p, k] weight * value[b, row, h, c] of corner k, 0 for an unused
+                              corner (row -1, not loaded)
+    output[b, q, h, c]        sum over (l, p, k) of the terms
 
 Each output element is written by one iteration of its spatial loops, so every schedule is
 a gather without atomics, and the sum runs in (l, p, k) order on every target: the same
@@ -26,7 +27,9 @@ bits wherever the tasks run. `channels` compiles C in (None: symbolic).
 The position, its floor and the validity test run once per sample (the sample block), the
 rest per corner: TensorIR's compute_at cannot place a block that writes a constant [0:4]
 region (all four corners at once) at the consumer's point loop, so corners stay a block
-each, and the sample block writes one buffer per value for the same reason.
+each, and the sample block writes one buffer per value for the same reason. The terms are
+a block of their own so that a schedule can load a sample's four corners before it adds any
+(CUDA: their loads no longer wait for each other's adds).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ KERNELS = ("forward", "forward_private", "forward_fixed_c", "forward_private_fix
 
 
 def forward_compute(dtype: str, position, channels: int | None = None):
-    """The forward with sampling positions by `position` (CUDA: exact_position)."""
+    """The forward with sampling positions by `position` (CUDA: cuda_fma_position)."""
     zero = tirx.const(0, dtype)
     cell = cell_macro(dtype, position)
     corner = corner_of_cell_macro(dtype)
