@@ -74,13 +74,13 @@ def cuda_backward_compute(dtype: str, heads_per_block: int):
     per (q, b) and `heads_per_block` heads.
 
     Per sample, every lane: the position (one fused multiply-add, the CPU's rule), the four
-    corners' rows and weights, its channel's four corner values loaded together (rows of
-    unused corners clamped to row 0 and the product selected away: no branch between the
-    loads), atomicAdd of w_k * a * g into grad_value, and its share of the three sums over
-    channels (grad_attn_weight and the two location terms, from the four corner dots d_k =
-    g * v_k as the CPU groups them). The three go over the warp together
-    (_warp_sums_of_three) and lanes 0, 8 and 16 store them. A skipped sample is the same
-    for every lane of a warp, so the whole warp skips it and lane 0 stores its zeros."""
+    corners' rows and weights, its channel's four corner values loaded before any is used
+    (each under its corner's guard: TVM's CUDA C keeps a guarded load as a branch),
+    atomicAdd of w_k * a * g into grad_value, and its share of the three sums over channels
+    (grad_attn_weight and the two location terms, from the four corner dots d_k = g * v_k as
+    the CPU groups them). The three go over the warp together (_warp_sums_of_three) and
+    lanes 0, 8 and 16 store them. A skipped sample is the same for every lane of a warp, so
+    the whole warp skips it and lane 0 stores its zeros."""
     assert dtype == "float32", dtype
     TH = heads_per_block
     one, zero = T.float32(1), T.float32(0)
