@@ -40,63 +40,17 @@ def cuda_fma_position(dtype: str):
     return position
 
 
-def corner_macro(dtype: str, position, derivatives: bool = True):
-    """Corner k = (ky, kx) = (k // 2, k % 2) of sample (b, q, h, l, p):
-    rows = its value row (-1: unused corner or skipped sample), w = its bilinear weight,
-    and with `derivatives` dx / dy = dw/dlw and dw/dlh (zero when unused). The backward's
-    form; the forward runs the same rule in two halves (cell_macro, corner_of_cell_macro),
-    and the tests check both directions pick the same corners and weights."""
-    zero, one, minus_one = (tirx.const(v, dtype) for v in (0, 1, -1))
-
-    @T.macro
-    def corner(shapes, lsi, loc, rows, w, dx, dy, vb, vq, vh, vl, vp, vk, K):
-        hl: T.let = shapes[vl, 0]
-        wl: T.let = shapes[vl, 1]
-        h_im: T.let = position(loc[vb, vq, vh, vl, vp, 1], hl)
-        w_im: T.let = position(loc[vb, vq, vh, vl, vp, 0], wl)
-        rows[vb, vq, vh, vl, vp, vk] = -1
-        w[vb, vq, vh, vl, vp, vk] = zero
-        if derivatives:
-            dx[vb, vq, vh, vl, vp, vk] = zero
-            dy[vb, vq, vh, vl, vp, vk] = zero
-        # strict validity test (NaN / Inf fail it); only in-range values reach
-        # floor() -> int32, so there is no float -> int overflow
-        if (h_im > minus_one and w_im > minus_one
-                and h_im < T.Cast(dtype, hl) and w_im < T.Cast(dtype, wl)):
-            y0: T.let = T.Cast("int32", T.floor(h_im))
-            x0: T.let = T.Cast("int32", T.floor(w_im))
-            lh: T.let = h_im - T.Cast(dtype, y0)
-            lw: T.let = w_im - T.Cast(dtype, x0)
-            ky: T.let = vk // 2
-            kx: T.let = vk % 2
-            y: T.let = y0 + ky
-            x: T.let = x0 + kx
-            r: T.let = lsi[vl] + y * wl + x
-            # per-corner validity, and 0 <= row < K so that any level_start_index
-            # stays in bounds
-            if y >= 0 and y < hl and x >= 0 and x < wl and r >= 0 and r < K:
-                fy: T.let = T.if_then_else(ky == 1, lh, one - lh)
-                fx: T.let = T.if_then_else(kx == 1, lw, one - lw)
-                rows[vb, vq, vh, vl, vp, vk] = r
-                w[vb, vq, vh, vl, vp, vk] = fy * fx
-                if derivatives:
-                    dx[vb, vq, vh, vl, vp, vk] = T.if_then_else(kx == 1, fy, zero - fy)
-                    dy[vb, vq, vh, vl, vp, vk] = T.if_then_else(ky == 1, fx, zero - fx)
-
-    return corner
-
-
 # the cell of a sample the validity test skips: every corner row and column of it falls
 # below 0, so no corner is used
 SKIPPED = -2
 
 
 def cell_macro(dtype: str, position):
-    """The forward's per-sample half of the rule: (y0, x0)[b, q, h, l, p], the top-left
-    corner's cell, and (lh, lw), the position's offsets inside it (SKIPPED and 0 for a
-    sample the strict validity test skips). corner_of_cell_macro finishes the rule per
-    corner; together they give corner_macro's rows and weights, bit for bit, with the
-    position, its floor and the validity test once per sample. One buffer per value: a
+    """The per-sample half of the rule (the forward's CUDA compute): (y0, x0)[b, q, h, l, p],
+    the top-left corner's cell, and (lh, lw), the position's offsets inside it (SKIPPED and 0
+    for a sample the strict validity test skips); corner_of_cell_macro finishes the rule per
+    corner. The position, its floor and the validity test run once per sample. The CUDA
+    backward, a hand-written kernel, runs the same rule inline (its buffers are per thread). One buffer per value: a
     block writing a constant [0:2] region could not be computed at the consumer's loops."""
     zero, minus_one = tirx.const(0, dtype), tirx.const(-1, dtype)
 
@@ -124,7 +78,7 @@ def cell_macro(dtype: str, position):
 
 def corner_of_cell_macro(dtype: str):
     """Corner k = (k // 2, k % 2) of a sample from its cell (cell_macro): rows = its value
-    row (-1: unused), w = its bilinear weight; corner_macro's per-corner half."""
+    row (-1: unused), w = its bilinear weight; the rule's per-corner half."""
     zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
 
     @T.macro
@@ -158,7 +112,7 @@ def block_corners_macro(dtype: str, queries: int, gradients: bool):
     bilinear weight * attention (0 when unused); with `gradients` also, per sample, the
     offsets lh and lw [s, i], the attention [s, i] and inside [s, i] = 1 where the strict
     validity test passes (0: skipped), in that order. `s` is the caller's slot of (l, p). The same
-    rows and weights as corner_macro, bit for bit: the cell from the position clamped into
+    rows and weights as cell_macro and corner_of_cell_macro, bit for bit: the cell from the position clamped into
     [-1, size] (finite, NaN included, so floor() -> int32 cannot overflow) is the true cell
     wherever the test passes, rows are checked against [0, K) in int64."""
     one, minus_one, zero = tirx.const(1, dtype), tirx.const(-1, dtype), tirx.const(0, dtype)

@@ -35,8 +35,8 @@ heads), used when C matches.
       target's vector width (16 lanes with AVX-512, 8 with AVX2, 4 on aarch64's NEON);
       a CPU without FMA instructions gets LLVM's exact software fma, slower.
   CUDA (cuda_backward_compute): one pass too, a warp per (b, q, head) and a lane
-      per channel: per sample the lanes load their four corner values together,
-      atomicAdd w_k a g into grad_value and sum their shares of the three
+      per channel: per sample the lanes load their four corner values before using
+      any, atomicAdd w_k a g into grad_value and sum their shares of the three
       channel sums, which go over the warp together (6 shuffles). Also TensorIR in
       its scheduled form (compute.py says why); every name holds it.
 im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
