@@ -51,7 +51,8 @@ Filling (after the host has read M and allocated the [M, ...] outputs):
 group_rows, group_split and chunk_offsets are programs in a block (the radix sort's
 histogram and the scan carry state from one point to the next; group_split's two parts are
 parallel loops of its own), not computes a schedule can reshape; the bitonic and scan
-kernels and the fill are blocks a schedule places. Every index the kernels
+kernels and the fill are blocks a schedule places, except bitonic_tile, which binds its own
+loops (a CUDA block per tile). Every index the kernels
 store through comes from a permutation the kernels built, never from input values, and
 point_map checks it against N all the same.
 """

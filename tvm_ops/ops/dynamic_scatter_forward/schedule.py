@@ -4,7 +4,8 @@ The serial kernels (group_rows, chunk_offsets) run as written: one task on the C
 thread on CUDA (where group_rows is never launched: the CUDA plan groups by the bitonic
 network). The bitonic tile kernel binds its own loops in the compute (a CUDA block per
 tile, a thread per entry, shared memory between the steps; plain loops on the CPU). Every
-other kernel is a loop of independent blocks: CPU tasks over the cores, CUDA threads.
+other kernel is a loop of independent blocks: CPU tasks over the cores (but point_map, on
+one core: its random writes would share lines between cores), CUDA threads.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ grad_features[b, c, m] = sum over (n, k) with indices[b, n, k] == m of
 grad_output[b, c, n] * weights[b, n, k]; indices outside [0, M) contribute
 nothing. Contract: specs/three_interpolate_backward.yaml.
 
-Kernels: mlu-ops' owner-computes plan, an owner a (batch, M-block, C-block) tile of
-grad_features that accumulates in a float32 on-chip tile while walking all of N, so owners
-never write the same element (no atomics, the same bits on every run).
+Kernels on the CPU (and CUDA's with the knob `kernel: owner`): mlu-ops' owner-computes
+plan, an owner a (batch, M-block, C-block) tile of grad_features that accumulates in a
+float32 on-chip tile while walking all of N, so owners never write the same element (no
+atomics, the same bits on every run).
   CPU: `three_interpolate_backward` (c_tile channels, whole vectors) and `_vector` (one
       vector of channels) are written in their scheduled form (compute.transposed_compute:
       grad_output staged by register transposes, which no schedule of the compute emits);

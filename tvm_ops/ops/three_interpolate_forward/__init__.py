@@ -7,7 +7,8 @@ three_interpolate_backward. float16 multiplies and sums in float32 and rounds on
 Semantics: docs/semantics.md; the contract: specs/three_interpolate_forward.yaml.
 
 Kernels (B, C, M and N symbolic): `three_interpolate_forward` and, on the CPU,
-`three_interpolate_forward_small` (N below the vector width: one point at a time).
+`three_interpolate_forward_small` (N below the vector width, or float16 with M < 2: one
+point at a time).
   CPU: a parallel task per (batch, block of channels); points in vectors, the three
       features of each lane fetched by one vector gather (llvm.masked.gather), outputs
       stored as whole vectors. Written in its scheduled form (compute.gather_compute):

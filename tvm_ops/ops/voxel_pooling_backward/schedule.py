@@ -17,7 +17,7 @@ def llvm(sch, kernel, model, plan):
 
 def cuda(sch, kernel, model, plan):
     # batch on blockIdx.y; (point, channel) fused, channels fastest, split by a CONSTANT thread
-    # count (its predicate guards the end), as voxel_pooling_forward's pool
+    # count (its predicate guards the end)
     b, n, c = sch.get_loops(sch.get_sblock("gather"))
     bx, tx = sch.split(sch.fuse(n, c), [None, plan["threads"]])
     sch.bind(b, "blockIdx.y")

@@ -1,8 +1,8 @@
 """TensorIR of voxel_pooling_forward's kernels (the operator's docstring lists them).
 
-The CPU kernels are computes scheduled by schedule.py; CUDA has computes of its own
-(`_pool_atomic`) because TVM 0.27 has no schedule primitive that turns a store into an
-atomic add.
+The CPU kernels are computes scheduled by schedule.py; CUDA has a pool compute of its own
+(`_pool_warp`, an atomicAdd per lane) because TVM 0.27 has no schedule primitive that turns
+a store into an atomic add.
 """
 
 from __future__ import annotations
