@@ -50,8 +50,9 @@ def cell_macro(dtype: str, position):
     the top-left corner's cell, and (lh, lw), the position's offsets inside it (SKIPPED and 0
     for a sample the strict validity test skips); corner_of_cell_macro finishes the rule per
     corner. The position, its floor and the validity test run once per sample. The CUDA
-    backward, a hand-written kernel, runs the same rule inline (its buffers are per thread). One buffer per value: a
-    block writing a constant [0:2] region could not be computed at the consumer's loops."""
+    backward, a hand-written kernel, runs the same rule inline (its buffers are per thread).
+    One buffer per value: a block writing a constant [0:2] region could not be computed at
+    the consumer's loops."""
     zero, minus_one = tirx.const(0, dtype), tirx.const(-1, dtype)
 
     @T.macro
@@ -111,10 +112,11 @@ def block_corners_macro(dtype: str, queries: int, gradients: bool):
     rows [s, k, i] = corner k's value row (-1: unused or skipped) and weights [s, k, i] = its
     bilinear weight * attention (0 when unused); with `gradients` also, per sample, the
     offsets lh and lw [s, i], the attention [s, i] and inside [s, i] = 1 where the strict
-    validity test passes (0: skipped), in that order. `s` is the caller's slot of (l, p). The same
-    rows and weights as cell_macro and corner_of_cell_macro, bit for bit: the cell from the position clamped into
-    [-1, size] (finite, NaN included, so floor() -> int32 cannot overflow) is the true cell
-    wherever the test passes, rows are checked against [0, K) in int64."""
+    validity test passes (0: skipped), in that order. `s` is the caller's slot of (l, p).
+    The same rows and weights as cell_macro and corner_of_cell_macro, bit for bit: the cell
+    from the position clamped into [-1, size] (finite, NaN included, so floor() -> int32
+    cannot overflow) is the true cell wherever the test passes, rows are checked against
+    [0, K) in int64."""
     one, minus_one, zero = tirx.const(1, dtype), tirx.const(-1, dtype), tirx.const(0, dtype)
     position = fma_position(dtype)
 
