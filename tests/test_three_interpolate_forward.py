@@ -11,7 +11,7 @@ from tvm_ops import build, metrics
 from tvm_ops.ops import get
 from tvm_ops.testing import material
 
-from .conftest import requires_torch
+from .conftest import requires_torch, use_knobs
 
 OP = get("three_interpolate_forward")
 TESTING = material(OP)
@@ -53,6 +53,32 @@ def test_forward_is_the_adjoint_of_the_backward(b, c, m, n, spill, seed):
     lhs, rhs = (forward * g).sum(), (f * backward).sum()
     scale = (np.abs(forward) * np.abs(g)).sum() + 1e-30
     assert abs(lhs - rhs) <= 1e-5 * scale
+
+
+@pytest.fixture(params=["tiles", "gather"])
+def cpu_plan(request, monkeypatch):
+    """Each CPU plan as the default: tiles (transposed feature tiles) and gather (vector
+    gathers, also the tiles plan's fallback for small sizes and its last channel block)."""
+    use_knobs(monkeypatch, OP, {"plan": request.param})
+    yield request.param
+    OP.clear_call_cache()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(b=st.integers(1, 2), c=st.integers(1, 50), m=st.integers(1, 70), n=st.integers(1, 70),
+       spill=st.integers(0, 10), dtype=st.sampled_from(["float32", "float16"]), seed=st.integers(0, 2**16))
+def test_each_cpu_plan_matches_the_reference_and_the_portable_kernel(cpu_plan, b, c, m, n, spill, dtype, seed):
+    """Shapes around the tiles plan's edges (C, M and N below, at and past a vector, with
+    tails), out-of-range indices with NaN weights there: the reference's values and the
+    portable kernel's bits (a call of fewer points than a vector runs it)."""
+    f, idx, w = inputs(b, c, m, n, dtype, low=-spill, high=m + spill, seed=seed)
+    w[(idx < 0) | (idx >= m)] = np.nan
+    out = tvm_ops.three_interpolate_forward(f, idx, w)
+    check_against_reference(f, idx, w, out, dtype)
+    portable = np.concatenate([tvm_ops.three_interpolate_forward(f, idx[:, i:i + 1], w[:, i:i + 1])
+                               for i in range(n)], axis=2)
+    assert np.array_equal(out, portable)
 
 
 def test_out_of_range_indices_contribute_nothing_even_with_nan_weights():

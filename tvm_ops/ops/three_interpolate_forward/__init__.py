@@ -6,16 +6,23 @@ drops NaN / inf weights at those positions), so this is the exact adjoint of
 three_interpolate_backward. float16 multiplies and sums in float32 and rounds once.
 Semantics: docs/semantics.md; the contract: specs/three_interpolate_forward.yaml.
 
-Kernels (B, C, M and N symbolic): `three_interpolate_forward` and, on the CPU,
-`three_interpolate_forward_small` (N below the vector width, or float16 with M < 2: one
-point at a time).
-  CPU: a parallel task per (batch, block of channels); points in vectors, the three
-      features of each lane fetched by one vector gather (llvm.masked.gather), outputs
-      stored as whole vectors. Written in its scheduled form (compute.gather_compute):
-      TVM's LLVM codegen scalarises a per-lane load of the compute below (16 loads and
-      inserts per vector, which bounded the kernel at 10-20% of the bandwidth); the
-      compute (forward_compute) stays the portable form, run as the `_small` kernel and
-      on CUDA, and both give the same bits.
+Kernels (B, C, M and N symbolic): `three_interpolate_forward_tiles`,
+`three_interpolate_forward` and, on the CPU, `three_interpolate_forward_small` (N below
+the vector width, or float16 with M < 2: one point at a time).
+  CPU, tiles plan (the default): a parallel task per (batch, block of `lanes` channels)
+      transposes its features into a [M, lanes] float32 workspace, so that each neighbour's
+      channels are one vector load; per block of `lanes` points it sums the three
+      neighbours' vectors per point into a tile, then transposes the tile into the output
+      (shuffles, compute.transpose_ir). No gather instruction: on AMD's Zen 4 the gather
+      plan ran 2.5-4.5x slower (docs/kernels/three_interpolate_forward.md). Below a vector of
+      channels, points or features, and for the last C % lanes channels, the gather plan.
+  CPU, gather plan: points in vectors, the three features of each lane fetched by one
+      vector gather (llvm.masked.gather), outputs stored as whole vectors. Both written in
+      their scheduled form (compute.tiles_compute, gather_compute): TVM's LLVM codegen
+      scalarises a per-lane load of the compute below (16 loads and inserts per vector,
+      which bounded the kernel at 10-20% of the bandwidth); the compute (forward_compute)
+      stays the portable form, run as the `_small` kernel and on CUDA, and all give the
+      same bits.
   CUDA: a thread per output element (forward_compute).
 No atomics: every output element is one thread's sum of three terms in k order.
 
@@ -28,7 +35,7 @@ from __future__ import annotations
 from ..base import Operator
 from ..point_vectors import plan_vector
 from . import schedule
-from .compute import KERNELS, forward_compute, gather_compute
+from .compute import KERNELS, forward_compute, gather_compute, tiles_compute
 
 
 class ThreeInterpolateForward(Operator):
@@ -40,20 +47,35 @@ class ThreeInterpolateForward(Operator):
         """mlu-ops would split B * C over taskDim; here a CPU task is a (batch, channel block)
         whose points run in vectors (a multiple of the target's lanes); CUDA blocks of
         `threads` points of one (batch, channel)."""
-        return plan_vector(model, knobs)
+        plan = plan_vector(model, knobs)
+        if model.kind == "llvm":
+            plan["lanes"] = model.lanes("float32")
+        return plan
 
     def computes(self, dtype, plan, model):
-        main = (gather_compute(dtype, int(plan["vector"]), int(plan["c_tile"])) if model.kind == "llvm"
-                else forward_compute(dtype, 1))
-        return {KERNELS[0]: main, KERNELS[1]: forward_compute(dtype, 1)}
+        portable = forward_compute(dtype, 1)
+        if model.kind != "llvm":  # CUDA: a thread per output element; the CPU's other kernels unused
+            return dict.fromkeys(KERNELS, portable)
+        return {KERNELS[0]: gather_compute(dtype, int(plan["vector"]), int(plan["c_tile"])), KERNELS[1]: portable,
+                KERNELS[2]: tiles_compute(dtype, int(plan["lanes"]))}
 
     def launch(self, kernels, problem, tensors):
         args = [tensors[t] for t in ("features", "indices", "weights", "output")]
+        kernels[self._kernel(kernels.plan, problem)](*args)
+
+    @staticmethod
+    def _kernel(plan, problem) -> str:
+        if problem.device != "cpu":
+            return KERNELS[0]
+        sizes, lanes = problem.sizes, int(plan["lanes"])
         # the portable kernel below one vector of points, and for float16 with one feature
         # column (the vector kernel's half gathers read a pair of columns: gather_ir)
-        small = problem.device == "cpu" and (problem.sizes["N"] < int(kernels.plan["vector"]) or (
-            problem.dtype == "float16" and problem.sizes["M"] < 2))
-        kernels[KERNELS[1] if small else KERNELS[0]](*args)
+        if sizes["N"] < int(plan["vector"]) or (problem.dtype == "float16" and sizes["M"] < 2):
+            return KERNELS[1]
+        tiles = sizes["N"] >= lanes and sizes["M"] >= lanes and sizes["C"] >= lanes
+        if plan["plan"] == "tiles" and tiles:
+            return KERNELS[2]
+        return KERNELS[0]
 
 
 OP = ThreeInterpolateForward()

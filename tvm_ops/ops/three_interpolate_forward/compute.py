@@ -18,7 +18,7 @@ from tvm.script import tirx as T
 
 from ..point_vectors import point, scratch_scope, vectors
 
-KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small")
+KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small", "three_interpolate_forward_tiles")
 
 
 def _clamped(i, M):
@@ -81,23 +81,20 @@ def _vector_sum(IDX, W, features, b, c, M, lanes, dtype, gather):
         IDX, W, features, b, c, M, 1, lanes, gather) + _vector_term(IDX, W, features, b, c, M, 2, lanes, gather))
 
 
-def gather_compute(dtype: str, lanes: int, c_tile: int):
-    """The CPU kernel (written in its scheduled form): a block per (batch, block of c_tile
-    channels); per vector of `lanes` points (the last moved back to end at N, as
-    point_vectors does) the indices and weights of the 3 neighbours are gathered once (a
-    stride-3 gather each), then per channel the 3 features are gathered and the sum stored
-    as one vector (a whole block's channels unrolled, the last block's C % c_tile in a loop).
-    The same float32 terms in the same order as forward_compute: the same bits. The gathers
-    are calls of gather_ir's functions (TVM's LLVM codegen turns a per-lane load into lanes
-    scalar loads and inserts)."""
-    f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"
-    i32_gather = f"tvm_ops_gather_i32_x{lanes}"
-    scratch = scratch_scope("llvm")
+def _gather_names(dtype: str, lanes: int) -> tuple[str, str]:
+    """(feature / weight gather, index gather): gather_ir's functions for dtype."""
+    return f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}", f"tvm_ops_gather_i32_x{lanes}"
+
+
+def _walk_points_macro(dtype: str, lanes: int):
+    """The gather plan's walk of one (batch, channel block): per vector of `lanes` points (the
+    last moved back to end at N) its neighbours' indices and weights gathered once (a
+    stride-3 gather each), then one output vector per channel of the block (`unrolled`: the
+    channels unrolled, else a loop)."""
+    f32_gather, i32_gather = _gather_names(dtype, lanes)
 
     @T.macro
     def walk_points(IDX, W, features, indices, weights, out, b, c0, channels, M, N, unrolled):
-        # per vector of points: its neighbours' indices and weights gathered once, then one
-        # output vector per channel of the block
         for o in range(T.ceildiv(N, lanes)):
             n0 = T.Bind(T.min(o * lanes, N - lanes))
             for k in T.unroll(3):
@@ -108,6 +105,21 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
             for ci in T.unroll(channels) if unrolled else T.serial(channels):
                 out[b, c0 + ci, T.Ramp(n0, 1, lanes)] = _vector_sum(IDX, W, features, b, c0 + ci, M, lanes,
                                                                     dtype, f32_gather)
+
+    return walk_points
+
+
+def gather_compute(dtype: str, lanes: int, c_tile: int):
+    """The CPU kernel of the gather plan (written in its scheduled form): a block per
+    (batch, block of c_tile channels); per vector of `lanes` points (the last moved back to
+    end at N, as point_vectors does) the indices and weights of the 3 neighbours are
+    gathered once (a stride-3 gather each), then per channel the 3 features are gathered
+    and the sum stored as one vector (a whole block's channels unrolled, the last block's
+    C % c_tile in a loop). The same float32 terms in the same order as forward_compute: the
+    same bits. The gathers are calls of gather_ir's functions (TVM's LLVM codegen turns a
+    per-lane load into lanes scalar loads and inserts)."""
+    scratch = scratch_scope("llvm")
+    walk_points = _walk_points_macro(dtype, lanes)
 
     @T.prim_func(s_tir=True)
     def three_interpolate_forward(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -135,6 +147,120 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
                     walk_points(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
 
     return three_interpolate_forward
+
+
+def _short(dtype: str) -> str:
+    return "f16" if dtype == "float16" else "f32"
+
+
+def tiles_compute(dtype: str, lanes: int):
+    """The CPU kernel of the tiles plan: no gather instruction (vgatherdps is microcoded and
+    slow on AMD's Zen 4). A block per (batch, block of L = `lanes` channels):
+
+    1. its features [L, M] transposed into a workspace S [M, L] in float32 (tiles of L x L
+       through transpose_ir's shuffles; the last tile moved back to end at M), so that a
+       neighbour's L channels are one contiguous vector;
+    2. per block of L points (the last moved back to end at N): per point its three indices
+       and weights, then its L channels as three vector loads from S into a tile A [point,
+       channel]; A transposed into the output [channel, point] rows.
+
+    The same float32 terms in the same order as forward_compute: the same bits. Needs
+    M >= L and N >= L (else the gather plan); the last block of C % L channels runs the
+    gather plan's walk."""
+    L = lanes
+    scratch = scratch_scope("llvm")
+    walk_points = _walk_points_macro(dtype, lanes)
+    tile_in = f"tvm_ops_transpose_{_short(dtype)}_f32_x{L}"
+    tile_out = f"tvm_ops_transpose_f32_{_short(dtype)}_x{L}"
+    zero = tirx.const(0, "float32")
+
+    def term(S, i, w, M):
+        return T.Select(tirx.all(i >= 0, i < M), w * S[_clamped(i, M), T.Ramp(0, 1, L)], T.Broadcast(zero, L))
+
+    @T.prim_func(s_tir=True)
+    def three_interpolate_forward_tiles(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, C, M, N = T.int32(), T.int32(), T.int32(), T.int32()
+        features = T.match_buffer(feat_h, (B, C, M), dtype)
+        indices = T.match_buffer(idx_h, (B, N, 3), "int32")
+        weights = T.match_buffer(w_h, (B, N, 3), dtype)
+        out = T.match_buffer(out_h, (B, C, N), dtype)
+        for task in range(B * T.ceildiv(C, L)):
+            with T.sblock("task"):
+                vt = T.axis.remap("S", [task])
+                T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
+                T.writes(out[0:B, 0:C, 0:N])
+                b = T.Bind(vt // T.ceildiv(C, L))
+                c0 = T.Bind(vt % T.ceildiv(C, L) * L)
+                if c0 + L <= C:
+                    S = T.alloc_buffer((M, L), "float32")  # the block's features, a neighbour per row
+                    A = T.alloc_buffer((L, L), "float32", scope=scratch)  # [point, channel]
+                    for mb in range(T.ceildiv(M, L)):
+                        m0 = T.Bind(T.min(mb * L, M - L))
+                        T.evaluate(T.call_extern("int32", tile_in, T.address_of(features[b, c0, m0]), M,
+                                                 T.address_of(S[m0, 0]), L))
+                    for o in range(T.ceildiv(N, L)):
+                        n0 = T.Bind(T.min(o * L, N - L))
+                        for j in range(L):
+                            i0, i1, i2 = (T.Bind(indices[b, n0 + j, 0]), T.Bind(indices[b, n0 + j, 1]),
+                                          T.Bind(indices[b, n0 + j, 2]))
+                            w0, w1, w2 = (T.Bind(T.Cast("float32", weights[b, n0 + j, 0])),
+                                          T.Bind(T.Cast("float32", weights[b, n0 + j, 1])),
+                                          T.Bind(T.Cast("float32", weights[b, n0 + j, 2])))
+                            A[j, T.Ramp(0, 1, L)] = term(S, i0, w0, M) + term(S, i1, w1, M) + term(S, i2, w2, M)
+                        T.evaluate(T.call_extern("int32", tile_out, T.address_of(A[0, 0]), L,
+                                                 T.address_of(out[b, c0, n0]), N))
+                else:
+                    IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
+                    W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
+                    walk_points(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
+
+    return three_interpolate_forward_tiles
+
+
+def transpose_ir(lanes: int) -> str:
+    """LLVM IR of tvm_ops_transpose_{src}_{dst}_x<L>(src, src_stride, dst, dst_stride) for
+    (src, dst) in (f32, f32), (f16, f32), (f32, f16): L rows of L elements from src (rows
+    src_stride elements apart) stored transposed as L rows at dst (dst_stride apart),
+    widened to float or rounded to half on the way. log2(L) rounds of zipping row i with row
+    i + L/2 (shufflevector: one two-source permute each on AVX-512); generic IR."""
+    L = lanes
+    lo = ", ".join(f"i32 {j // 2 + (j % 2) * L}" for j in range(L))
+    hi = ", ".join(f"i32 {j // 2 + (j % 2) * L + L // 2}" for j in range(L))
+    vf = f"<{L} x float>"
+    text = ""
+    for src, dst in (("f32", "f32"), ("f16", "f32"), ("f32", "f16")):
+        st, dt = ("half" if src == "f16" else "float"), ("half" if dst == "f16" else "float")
+        body = [f"define i32 @tvm_ops_transpose_{src}_{dst}_x{L}(ptr %src, i32 %ss, ptr %dst, i32 %ds) alwaysinline {{",
+                "entry:", "  %ss64 = sext i32 %ss to i64", "  %ds64 = sext i32 %ds to i64"]
+        rows = []
+        for r in range(L):
+            body += [f"  %so{r} = mul i64 %ss64, {r}", f"  %sp{r} = getelementptr {st}, ptr %src, i64 %so{r}",
+                     f"  %sl{r} = load <{L} x {st}>, ptr %sp{r}, align {2 if src == 'f16' else 4}"]
+            if src == "f16":
+                body.append(f"  %s0_{r} = fpext <{L} x half> %sl{r} to {vf}")
+            rows.append(f"%s0_{r}" if src == "f16" else f"%sl{r}")
+        stage = 0
+        while (1 << stage) < L:
+            nxt = [None] * L
+            for i in range(L // 2):
+                a, b_ = rows[i], rows[i + L // 2]
+                nl, nh = f"%z{stage + 1}_{2 * i}", f"%z{stage + 1}_{2 * i + 1}"
+                body += [f"  {nl} = shufflevector {vf} {a}, {vf} {b_}, <{L} x i32> <{lo}>",
+                         f"  {nh} = shufflevector {vf} {a}, {vf} {b_}, <{L} x i32> <{hi}>"]
+                nxt[2 * i], nxt[2 * i + 1] = nl, nh
+            rows = nxt
+            stage += 1
+        for r in range(L):
+            value = rows[r]
+            if dst == "f16":
+                body.append(f"  %t{r} = fptrunc {vf} {value} to <{L} x half>")
+                value = f"%t{r}"
+            body += [f"  %do{r} = mul i64 %ds64, {r}", f"  %dp{r} = getelementptr {dt}, ptr %dst, i64 %do{r}",
+                     f"  store <{L} x {dt}> {value}, ptr %dp{r}, align {2 if dst == 'f16' else 4}"]
+        body += ["  ret i32 0", "}"]
+        text += "\n".join(body) + "\n"
+    return text
 
 
 def gather_ir(lanes: int) -> str:
