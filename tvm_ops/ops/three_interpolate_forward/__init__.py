@@ -57,7 +57,7 @@ class ThreeInterpolateForward(Operator):
         if model.kind != "llvm":  # CUDA: a thread per output element; the CPU's other kernels unused
             return dict.fromkeys(KERNELS, portable)
         return {KERNELS[0]: gather_compute(dtype, int(plan["vector"]), int(plan["c_tile"])), KERNELS[1]: portable,
-                KERNELS[2]: tiles_compute(dtype, int(plan["lanes"]))}
+                KERNELS[2]: tiles_compute(dtype, int(plan["lanes"]), int(plan["channel_vectors"]))}
 
     def launch(self, kernels, problem, tensors):
         args = [tensors[t] for t in ("features", "indices", "weights", "output")]

@@ -153,29 +153,58 @@ def _short(dtype: str) -> str:
     return "f16" if dtype == "float16" else "f32"
 
 
-def tiles_compute(dtype: str, lanes: int):
-    """The CPU kernel of the tiles plan: no gather instruction (vgatherdps is microcoded and
-    slow on AMD's Zen 4). A block per (batch, block of L = `lanes` channels):
+def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
+    """The CPU kernel of the tiles plan: no gather instruction (on AMD's Zen 4 the gather
+    plan ran 2.5-4.5x slower). A block per (batch, block of CW = channel_vectors * lanes
+    channels), L = `lanes`:
 
-    1. its features [L, M] transposed into a workspace S [M, L] in float32 (tiles of L x L
+    1. its features [CW, M] transposed into a workspace S [M, CW] in float32 (tiles of L x L
        through transpose_ir's shuffles; the last tile moved back to end at M), so that a
-       neighbour's L channels are one contiguous vector;
+       neighbour's channels are contiguous vectors;
     2. per block of L points (the last moved back to end at N): per point its three indices
-       and weights, then its L channels as three vector loads from S into a tile A [point,
-       channel]; A transposed into the output [channel, point] rows.
+       and weights, then its CW channels as three loads from S into a tile A [point,
+       channel] (the indices' tests and the weights shared by the block's channels); A
+       transposed, L x L at a time, into the output [channel, point] rows.
 
     The same float32 terms in the same order as forward_compute: the same bits. Needs
-    M >= L and N >= L (else the gather plan); the last block of C % L channels runs the
-    gather plan's walk."""
-    L = lanes
+    M >= L and N >= L (else the gather plan); the last block's whole vectors of channels
+    run one at a time, its last C % L channels the gather plan's walk."""
+    L, CW = lanes, channel_vectors * lanes
     scratch = scratch_scope("llvm")
     walk_points = _walk_points_macro(dtype, lanes)
     tile_in = f"tvm_ops_transpose_{_short(dtype)}_f32_x{L}"
     tile_out = f"tvm_ops_transpose_f32_{_short(dtype)}_x{L}"
     zero = tirx.const(0, "float32")
 
-    def term(S, i, w, M):
-        return T.Select(tirx.all(i >= 0, i < M), w * S[_clamped(i, M), T.Ramp(0, 1, L)], T.Broadcast(zero, L))
+    def term(S, i, w, M, width):
+        return T.Select(tirx.all(i >= 0, i < M), w * S[_clamped(i, M), T.Ramp(0, 1, width)],
+                        T.Broadcast(zero, width))
+
+    def tile_block(width):
+        @T.macro
+        def block(features, indices, weights, out, S, A, b, c0, M, N):
+            for mb in range(T.ceildiv(M, L)):
+                m0 = T.Bind(T.min(mb * L, M - L))
+                for v in T.unroll(width // L):
+                    T.evaluate(T.call_extern("int32", tile_in, T.address_of(features[b, c0 + v * L, m0]), M,
+                                             T.address_of(S[m0, v * L]), CW))
+            for o in range(T.ceildiv(N, L)):
+                n0 = T.Bind(T.min(o * L, N - L))
+                for j in range(L):
+                    i0, i1, i2 = (T.Bind(indices[b, n0 + j, 0]), T.Bind(indices[b, n0 + j, 1]),
+                                  T.Bind(indices[b, n0 + j, 2]))
+                    w0, w1, w2 = (T.Bind(T.Cast("float32", weights[b, n0 + j, 0])),
+                                  T.Bind(T.Cast("float32", weights[b, n0 + j, 1])),
+                                  T.Bind(T.Cast("float32", weights[b, n0 + j, 2])))
+                    A[j, T.Ramp(0, 1, width)] = (term(S, i0, w0, M, width) + term(S, i1, w1, M, width)
+                                                 + term(S, i2, w2, M, width))
+                for v in T.unroll(width // L):
+                    T.evaluate(T.call_extern("int32", tile_out, T.address_of(A[0, v * L]), CW,
+                                             T.address_of(out[b, c0 + v * L, n0]), N))
+
+        return block
+
+    whole_block, one_vector = tile_block(CW), tile_block(L)
 
     @T.prim_func(s_tir=True)
     def three_interpolate_forward_tiles(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -185,35 +214,25 @@ def tiles_compute(dtype: str, lanes: int):
         indices = T.match_buffer(idx_h, (B, N, 3), "int32")
         weights = T.match_buffer(w_h, (B, N, 3), dtype)
         out = T.match_buffer(out_h, (B, C, N), dtype)
-        for task in range(B * T.ceildiv(C, L)):
+        for task in range(B * T.ceildiv(C, CW)):
             with T.sblock("task"):
                 vt = T.axis.remap("S", [task])
                 T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
                 T.writes(out[0:B, 0:C, 0:N])
-                b = T.Bind(vt // T.ceildiv(C, L))
-                c0 = T.Bind(vt % T.ceildiv(C, L) * L)
-                if c0 + L <= C:
-                    S = T.alloc_buffer((M, L), "float32")  # the block's features, a neighbour per row
-                    A = T.alloc_buffer((L, L), "float32", scope=scratch)  # [point, channel]
-                    for mb in range(T.ceildiv(M, L)):
-                        m0 = T.Bind(T.min(mb * L, M - L))
-                        T.evaluate(T.call_extern("int32", tile_in, T.address_of(features[b, c0, m0]), M,
-                                                 T.address_of(S[m0, 0]), L))
-                    for o in range(T.ceildiv(N, L)):
-                        n0 = T.Bind(T.min(o * L, N - L))
-                        for j in range(L):
-                            i0, i1, i2 = (T.Bind(indices[b, n0 + j, 0]), T.Bind(indices[b, n0 + j, 1]),
-                                          T.Bind(indices[b, n0 + j, 2]))
-                            w0, w1, w2 = (T.Bind(T.Cast("float32", weights[b, n0 + j, 0])),
-                                          T.Bind(T.Cast("float32", weights[b, n0 + j, 1])),
-                                          T.Bind(T.Cast("float32", weights[b, n0 + j, 2])))
-                            A[j, T.Ramp(0, 1, L)] = term(S, i0, w0, M) + term(S, i1, w1, M) + term(S, i2, w2, M)
-                        T.evaluate(T.call_extern("int32", tile_out, T.address_of(A[0, 0]), L,
-                                                 T.address_of(out[b, c0, n0]), N))
+                b = T.Bind(vt // T.ceildiv(C, CW))
+                c0 = T.Bind(vt % T.ceildiv(C, CW) * CW)
+                S = T.alloc_buffer((M, CW), "float32")  # the block's features, a neighbour per row
+                A = T.alloc_buffer((L, CW), "float32", scope=scratch)  # [point, channel]
+                if c0 + CW <= C:
+                    whole_block(features, indices, weights, out, S, A, b, c0, M, N)
                 else:
-                    IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
-                    W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
-                    walk_points(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
+                    for v in range((C - c0) // L):
+                        one_vector(features, indices, weights, out, S, A, b, c0 + v * L, M, N)
+                    if (C - c0) % L > 0:
+                        IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
+                        W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
+                        walk_points(IDX, W, features, indices, weights, out, b, C - (C - c0) % L, (C - c0) % L,
+                                    M, N, False)
 
     return three_interpolate_forward_tiles
 
