@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics
+from tvm_ops import build, metrics, targets
 from tvm_ops.ops import get
 from tvm_ops.testing import material
 
@@ -84,6 +84,18 @@ def test_each_cpu_plan_matches_the_reference_and_the_portable_kernel(cpu_plan, b
     portable = np.concatenate([tvm_ops.three_interpolate_forward(f, idx[:, i:i + 1], w[:, i:i + 1])
                                for i in range(n)], axis=2)
     assert np.array_equal(out, portable)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_tiles_plan_on_avx2_gives_the_host_bits(dtype):
+    """8-lane squares (three rounds of shuffles) on an AVX2 target: the same bits as this
+    host's plan, whole channel vectors, their tail and the gather plan's last channels."""
+    if targets.missing_features(targets.resolve("llvm:haswell")):
+        pytest.skip("this host cannot run AVX2 code")
+    f, idx, w = inputs(2, 37, 30, 45, dtype, low=-3, high=33, seed=5)
+    avx2 = tvm_ops.three_interpolate_forward(f, idx, w, target="llvm:haswell")
+    assert np.array_equal(avx2, tvm_ops.three_interpolate_forward(f, idx, w))
+    check_against_reference(f, idx, w, avx2, dtype)
 
 
 def test_out_of_range_indices_contribute_nothing_even_with_nan_weights():

@@ -11,8 +11,9 @@ rounding for float16.
 
 from __future__ import annotations
 
-from tvm import tirx
 from tvm.script import tirx as T
+
+from ..lane_transpose import transpose_macro
 
 # the owners (wide, one vector, narrow), then CUDA's atomic scatter and its float16 rounding
 OWNER_KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow")
@@ -123,62 +124,15 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
 
     Per block of `lanes` points, the owner loads a [lanes, lanes] square of grad_output per
     vector of channels (one contiguous vector per channel row) and transposes it in
-    registers (log2(lanes) rounds of two-vector lane shuffles), so that each (n, k) entry
-    is `vectors` vector FMAs into its acc row; acc goes back to grad_features through the
-    same transposes. Written so because the tiled compute's transposed staging, vectorised by
-    TVM, became per-lane gathers and scatters (vgatherdps / vscatterqps), which bounded it:
-    no schedule primitive emits the lane shuffles. The shuffles are generic LLVM IR (every
-    CPU; lanes 4, 8 or 16). The N tail (N % lanes points) is staged one point at a time.
-    Each acc element sums its (n, k) terms in n order, as tiled_compute does."""
-    if lanes not in (4, 8, 16):
-        raise ValueError(f"the register transpose takes 4, 8 or 16 lanes, got {lanes}")
+    registers (ops/lane_transpose.py), so that each (n, k) entry is `vectors` vector FMAs
+    into its acc row; acc goes back to grad_features through the same transposes. Written
+    so because the tiled compute's transposed staging, vectorised by TVM, became per-lane
+    gathers and scatters (vgatherdps / vscatterqps), which bounded it: no schedule
+    primitive emits the lane shuffles. The N tail (N % lanes points) is staged one point
+    at a time. Each acc element sums its (n, k) terms in n order, as tiled_compute does."""
     acc_t = "float32"
     V, c_tile = lanes, vectors * lanes
-    vec = tirx.Ramp(0, 1, V)
-    # round with half-width h: lanes of rows (i, i + h) for i with bit h clear; LOW[h] gives
-    # row i's new lanes, HIGH[h] row i + h's, indices into the two rows side by side
-    LOW = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j & ~h)) for j in range(V)] for h in (8, 4, 2, 1)}
-    HIGH = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j | h)) for j in range(V)] for h in (8, 4, 2, 1)}
-
-    @T.macro
-    def split_round(square, g, lo, hi):
-        # the round with half-width V / 2: square[g]'s rows i and i + V / 2 into lo[i], hi[i]
-        for i in T.unroll(V // 2):
-            pair = T.meta_var([square[g, i, vec], square[g, i + V // 2, vec]])
-            lo[i, vec] = tirx.Shuffle(pair, LOW[V // 2])
-            hi[i, vec] = tirx.Shuffle(pair, HIGH[V // 2])
-
-    @T.macro
-    def half_round(src, dst, at, h):
-        # a round with half-width h < V / 2 within one half (its rows pair among themselves)
-        # into dst's rows from `at` on: another half (at = (0,)) or square[g] (at = (g, row))
-        for i in T.unroll(V // 4):
-            low = T.meta_var(i // h * 2 * h + i % h)  # the i-th row with bit h clear
-            pair = T.meta_var([src[low, vec], src[low + h, vec]])
-            dst[(*at[:-1], at[-1] + low, vec)] = tirx.Shuffle(pair, LOW[h])
-            dst[(*at[:-1], at[-1] + low + h, vec)] = tirx.Shuffle(pair, HIGH[h])
-
-    @T.macro
-    def transpose(square, g, x_lo, x_hi, y_lo, y_hi):
-        # square[g] (V rows of V lanes) in place, one bit of (row, lane) swapped per round,
-        # through the half-squares x and y: each below TVM's stack-allocation limit (1 KiB),
-        # so LLVM keeps them in registers (a whole [V, V] float32 square is a workspace in memory)
-        split_round(square, g, x_lo, x_hi)
-        if V == 16:
-            half_round(x_lo, y_lo, (0,), 4)
-            half_round(x_hi, y_hi, (0,), 4)
-            half_round(y_lo, x_lo, (0,), 2)
-            half_round(y_hi, x_hi, (0,), 2)
-            half_round(x_lo, square, (g, 0), 1)
-            half_round(x_hi, square, (g, V // 2), 1)
-        if V == 8:
-            half_round(x_lo, y_lo, (0,), 2)
-            half_round(x_hi, y_hi, (0,), 2)
-            half_round(y_lo, square, (g, 0), 1)
-            half_round(y_hi, square, (g, V // 2), 1)
-        if V == 4:
-            half_round(x_lo, square, (g, 0), 1)
-            half_round(x_hi, square, (g, V // 2), 1)
+    transpose = transpose_macro(V)
 
     @T.prim_func(s_tir=True)
     def three_interpolate_backward(go_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -213,7 +167,7 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                         for i in T.unroll(V):
                             for j in T.vectorized(V):
                                 square[g, i, j] = T.Cast(acc_t, grad_output[b, T.min(c0 + g * V + i, C - 1), nb * V + j])
-                        transpose(square, g, x_lo, x_hi, y_lo, y_hi)
+                        transpose(square, (g, 0, 0), square, (g, 0, 0), x_lo, x_hi, y_lo, y_hi)
                     for ni in range(V):
                         for k in T.unroll(3):
                             # one unsigned comparison: 0 <= index - m0 < rows
@@ -238,7 +192,7 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                         for i in T.unroll(V):
                             for j in T.vectorized(V):
                                 square[g, i, j] = acc[mb * V + i, g * V + j]
-                        transpose(square, g, x_lo, x_hi, y_lo, y_hi)
+                        transpose(square, (g, 0, 0), square, (g, 0, 0), x_lo, x_hi, y_lo, y_hi)
                         for i in T.unroll(V):
                             if c0 + g * V + i < C:
                                 for j in T.vectorized(V):

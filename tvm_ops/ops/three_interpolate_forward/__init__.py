@@ -13,7 +13,7 @@ the vector width, or float16 with M < 2: one point at a time).
       transposes its features into a [M, lanes] float32 workspace, so that each neighbour's
       channels are one vector load; per block of `lanes` points it sums the three
       neighbours' vectors per point into a tile, then transposes the tile into the output
-      (shuffles, compute.transpose_ir). No gather instruction: on AMD's Zen 4 the gather
+      (lane shuffles, ops/lane_transpose.py). No gather instruction: on AMD's Zen 4 the gather
       plan ran 2.5-4.5x slower (docs/kernels/three_interpolate_forward.md). Below a vector of
       channels, points or features, and for the last C % lanes channels, the gather plan.
   CPU, gather plan: points in vectors, the three features of each lane fetched by one

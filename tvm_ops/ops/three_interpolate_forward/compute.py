@@ -16,6 +16,7 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..lane_transpose import transpose_macro
 from ..point_vectors import point, scratch_scope, vectors
 
 KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small", "three_interpolate_forward_tiles")
@@ -149,22 +150,18 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     return three_interpolate_forward
 
 
-def _short(dtype: str) -> str:
-    return "f16" if dtype == "float16" else "f32"
-
-
 def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
     """The CPU kernel of the tiles plan: no gather instruction (on AMD's Zen 4 the gather
     plan ran 2.5-4.5x slower). A block per (batch, block of CW = channel_vectors * lanes
     channels), L = `lanes`:
 
-    1. its features [CW, M] transposed into a workspace S [M, CW] in float32 (tiles of L x L
-       through transpose_ir's shuffles; the last tile moved back to end at M), so that a
+    1. its features [CW, M] transposed into a workspace S [M, CW] in float32 (L x L squares
+       through ops/lane_transpose.py; the last square moved back to end at M), so that a
        neighbour's channels are contiguous vectors;
     2. per block of L points (the last moved back to end at N): per point its three indices
-       and weights, then its CW channels as three loads from S into a tile A [point,
-       channel] (the indices' tests and the weights shared by the block's channels); A
-       transposed, L x L at a time, into the output [channel, point] rows.
+       and weights, then its CW channels as three loads from S into the squares A[v]
+       [point, channel] (the indices' tests and the weights shared by the block's
+       channels); each A[v] transposed in place and stored as L output rows.
 
     The same float32 terms in the same order as forward_compute: the same bits. Needs
     M >= L and N >= L (else the gather plan); the last block's whole vectors of channels
@@ -172,22 +169,20 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
     L, CW = lanes, channel_vectors * lanes
     scratch = scratch_scope("llvm")
     walk_points = _walk_points_macro(dtype, lanes)
-    tile_in = f"tvm_ops_transpose_{_short(dtype)}_f32_x{L}"
-    tile_out = f"tvm_ops_transpose_f32_{_short(dtype)}_x{L}"
+    transpose = transpose_macro(L)
     zero = tirx.const(0, "float32")
 
-    def term(S, i, w, M, width):
-        return T.Select(tirx.all(i >= 0, i < M), w * S[_clamped(i, M), T.Ramp(0, 1, width)],
-                        T.Broadcast(zero, width))
+    def term(S, i, w, M, v):
+        return T.Select(tirx.all(i >= 0, i < M), w * S[_clamped(i, M), T.Ramp(v * L, 1, L)],
+                        T.Broadcast(zero, L))
 
-    def tile_block(width):
+    def tile_block(vectors):
         @T.macro
-        def block(features, indices, weights, out, S, A, b, c0, M, N):
-            for mb in range(T.ceildiv(M, L)):
+        def block(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0, M, N):
+            for mb in range(T.ceildiv(M, L)):  # S: the features transposed
                 m0 = T.Bind(T.min(mb * L, M - L))
-                for v in T.unroll(width // L):
-                    T.evaluate(T.call_extern("int32", tile_in, T.address_of(features[b, c0 + v * L, m0]), M,
-                                             T.address_of(S[m0, v * L]), CW))
+                for v in T.unroll(vectors):
+                    transpose(features, (b, c0 + v * L, m0), S, (m0, v * L), x_lo, x_hi, y_lo, y_hi)
             for o in range(T.ceildiv(N, L)):
                 n0 = T.Bind(T.min(o * L, N - L))
                 for j in range(L):
@@ -196,15 +191,15 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
                     w0, w1, w2 = (T.Bind(T.Cast("float32", weights[b, n0 + j, 0])),
                                   T.Bind(T.Cast("float32", weights[b, n0 + j, 1])),
                                   T.Bind(T.Cast("float32", weights[b, n0 + j, 2])))
-                    A[j, T.Ramp(0, 1, width)] = (term(S, i0, w0, M, width) + term(S, i1, w1, M, width)
-                                                 + term(S, i2, w2, M, width))
-                for v in T.unroll(width // L):
-                    T.evaluate(T.call_extern("int32", tile_out, T.address_of(A[0, v * L]), CW,
-                                             T.address_of(out[b, c0 + v * L, n0]), N))
+                    for v in T.unroll(vectors):
+                        A[v, j, T.Ramp(0, 1, L)] = (term(S, i0, w0, M, v) + term(S, i1, w1, M, v)
+                                                    + term(S, i2, w2, M, v))
+                for v in T.unroll(vectors):
+                    transpose(A, (v, 0, 0), out, (b, c0 + v * L, n0), x_lo, x_hi, y_lo, y_hi)
 
         return block
 
-    whole_block, one_vector = tile_block(CW), tile_block(L)
+    whole_block, one_vector = tile_block(channel_vectors), tile_block(1)
 
     @T.prim_func(s_tir=True)
     def three_interpolate_forward_tiles(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
@@ -222,12 +217,17 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
                 b = T.Bind(vt // T.ceildiv(C, CW))
                 c0 = T.Bind(vt % T.ceildiv(C, CW) * CW)
                 S = T.alloc_buffer((M, CW), "float32")  # the block's features, a neighbour per row
-                A = T.alloc_buffer((L, CW), "float32", scope=scratch)  # [point, channel]
+                A = T.alloc_buffer((channel_vectors, L, L), "float32")  # squares [point, channel]
+                x_lo = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+                x_hi = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+                y_lo = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+                y_hi = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
                 if c0 + CW <= C:
-                    whole_block(features, indices, weights, out, S, A, b, c0, M, N)
+                    whole_block(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0, M, N)
                 else:
                     for v in range((C - c0) // L):
-                        one_vector(features, indices, weights, out, S, A, b, c0 + v * L, M, N)
+                        one_vector(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0 + v * L,
+                                   M, N)
                     if (C - c0) % L > 0:
                         IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
                         W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
@@ -235,51 +235,6 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
                                     M, N, False)
 
     return three_interpolate_forward_tiles
-
-
-def transpose_ir(lanes: int) -> str:
-    """LLVM IR of tvm_ops_transpose_{src}_{dst}_x<L>(src, src_stride, dst, dst_stride) for
-    (src, dst) in (f32, f32), (f16, f32), (f32, f16): L rows of L elements from src (rows
-    src_stride elements apart) stored transposed as L rows at dst (dst_stride apart),
-    widened to float or rounded to half on the way. log2(L) rounds of zipping row i with row
-    i + L/2 (shufflevector: one two-source permute each on AVX-512); generic IR."""
-    L = lanes
-    lo = ", ".join(f"i32 {j // 2 + (j % 2) * L}" for j in range(L))
-    hi = ", ".join(f"i32 {j // 2 + (j % 2) * L + L // 2}" for j in range(L))
-    vf = f"<{L} x float>"
-    text = ""
-    for src, dst in (("f32", "f32"), ("f16", "f32"), ("f32", "f16")):
-        st, dt = ("half" if src == "f16" else "float"), ("half" if dst == "f16" else "float")
-        body = [f"define i32 @tvm_ops_transpose_{src}_{dst}_x{L}(ptr %src, i32 %ss, ptr %dst, i32 %ds) alwaysinline {{",
-                "entry:", "  %ss64 = sext i32 %ss to i64", "  %ds64 = sext i32 %ds to i64"]
-        rows = []
-        for r in range(L):
-            body += [f"  %so{r} = mul i64 %ss64, {r}", f"  %sp{r} = getelementptr {st}, ptr %src, i64 %so{r}",
-                     f"  %sl{r} = load <{L} x {st}>, ptr %sp{r}, align {2 if src == 'f16' else 4}"]
-            if src == "f16":
-                body.append(f"  %s0_{r} = fpext <{L} x half> %sl{r} to {vf}")
-            rows.append(f"%s0_{r}" if src == "f16" else f"%sl{r}")
-        stage = 0
-        while (1 << stage) < L:
-            nxt = [None] * L
-            for i in range(L // 2):
-                a, b_ = rows[i], rows[i + L // 2]
-                nl, nh = f"%z{stage + 1}_{2 * i}", f"%z{stage + 1}_{2 * i + 1}"
-                body += [f"  {nl} = shufflevector {vf} {a}, {vf} {b_}, <{L} x i32> <{lo}>",
-                         f"  {nh} = shufflevector {vf} {a}, {vf} {b_}, <{L} x i32> <{hi}>"]
-                nxt[2 * i], nxt[2 * i + 1] = nl, nh
-            rows = nxt
-            stage += 1
-        for r in range(L):
-            value = rows[r]
-            if dst == "f16":
-                body.append(f"  %t{r} = fptrunc {vf} {value} to <{L} x half>")
-                value = f"%t{r}"
-            body += [f"  %do{r} = mul i64 %ds64, {r}", f"  %dp{r} = getelementptr {dt}, ptr %dst, i64 %do{r}",
-                     f"  store <{L} x {dt}> {value}, ptr %dp{r}, align {2 if dst == 'f16' else 4}"]
-        body += ["  ret i32 0", "}"]
-        text += "\n".join(body) + "\n"
-    return text
 
 
 def gather_ir(lanes: int) -> str:

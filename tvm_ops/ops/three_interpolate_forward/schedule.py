@@ -6,7 +6,7 @@ time; on CUDA the same as the first, never launched)."""
 
 from __future__ import annotations
 
-from .compute import KERNELS, gather_ir, transpose_ir
+from .compute import KERNELS, gather_ir
 
 
 def llvm(sch, kernel, model, plan):
@@ -23,10 +23,10 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(task)
         sch.annotate(task, "pragma_import_llvm", gather_ir(int(plan["vector"])))
         return
-    if kernel == "three_interpolate_forward_tiles":  # its tasks, the transposes' and gathers' IR
+    if kernel == "three_interpolate_forward_tiles":  # its tasks, the gathers' IR (the channel tail)
         (task,) = sch.get_loops(sch.get_sblock("task"))
         sch.parallel(task)
-        sch.annotate(task, "pragma_import_llvm", gather_ir(int(plan["lanes"])) + transpose_ir(int(plan["lanes"])))
+        sch.annotate(task, "pragma_import_llvm", gather_ir(int(plan["lanes"])))
         return
     block = sch.get_sblock("out")
     b, c, o, v = sch.get_loops(block)
