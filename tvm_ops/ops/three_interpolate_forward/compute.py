@@ -82,17 +82,13 @@ def _vector_sum(IDX, W, features, b, c, M, lanes, dtype, gather):
         IDX, W, features, b, c, M, 1, lanes, gather) + _vector_term(IDX, W, features, b, c, M, 2, lanes, gather))
 
 
-def _gather_names(dtype: str, lanes: int) -> tuple[str, str]:
-    """(feature / weight gather, index gather): gather_ir's functions for dtype."""
-    return f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}", f"tvm_ops_gather_i32_x{lanes}"
-
-
 def _walk_points_macro(dtype: str, lanes: int):
     """The gather plan's walk of one (batch, channel block): per vector of `lanes` points (the
     last moved back to end at N) its neighbours' indices and weights gathered once (a
     stride-3 gather each), then one output vector per channel of the block (`unrolled`: the
     channels unrolled, else a loop)."""
-    f32_gather, i32_gather = _gather_names(dtype, lanes)
+    f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"  # gather_ir's functions
+    i32_gather = f"tvm_ops_gather_i32_x{lanes}"
 
     @T.macro
     def walk_points(IDX, W, features, indices, weights, out, b, c0, channels, M, N, unrolled):
