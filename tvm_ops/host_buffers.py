@@ -36,6 +36,7 @@ since TVM declares every buffer parameter 64-byte aligned.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import mmap
 import os
@@ -78,11 +79,7 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES) and not line_aligned:
         return np.empty(shape, dtype)
     if not reused(shape, dtype):
-        raw = np.empty(nbytes + LINE_BYTES, np.uint8)
-        # ctypes.addressof rather than raw.ctypes.data (which builds a helper object: ~1 us
-        # more), one constructor rather than a slice, a view and a reshape
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % LINE_BYTES
-        return np.ndarray(shape, dtype, raw, start)
+        return _on_a_line(shape, dtype, nbytes)
     block = _take(nbytes)
     if block is None:
         block = mmap.mmap(-1, nbytes)  # page-aligned, private, anonymous
@@ -92,6 +89,26 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     # every view of the array keeps `owner` alive; when the last one dies the block is free
     weakref.finalize(owner, _give_back, block).atexit = False
     return np.frombuffer(owner, dtype).reshape(shape)
+
+
+def allocator(shape: tuple, dtype):
+    """A no-argument callable returning empty(shape, dtype), its size tests made once (a call
+    plan allocates its outputs of one shape and dtype on every call)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES):
+        return functools.partial(np.empty, shape, dtype)
+    if nbytes < MIN_BYTES:
+        return functools.partial(_on_a_line, shape, dtype, nbytes)
+    return functools.partial(empty, shape, dtype)  # reads the cache's limit on every call
+
+
+def _on_a_line(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + LINE_BYTES, np.uint8)
+    # ctypes.addressof rather than raw.ctypes.data (which builds a helper object: ~1 us
+    # more), one constructor rather than a slice, a view and a reshape
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % LINE_BYTES
+    return np.ndarray(shape, dtype, raw, start)
 
 
 def line_aligned(value):

@@ -58,6 +58,8 @@ class CallPlan:
     def __init__(self, op, problem: checks.Problem, kernels):
         self.op, self.problem, self.kernels = op, problem, kernels
         self.new_outputs = output_specs(op, problem)
+        self.allocators = {name: interop.allocator(problem.kind, problem.device, shape, dtype, zero=problem.empty)
+                           for name, (shape, dtype) in self.new_outputs.items()}
         # the outputs allocated once the kernels have counted their sizes: (name, dims, dtype)
         self.late_outputs = [(t.name, t.dims, op.output_dtype(t, problem)) for t in op.spec.outputs
                              if t.name not in problem.outs and t.name not in self.new_outputs]
@@ -73,7 +75,8 @@ class CallPlan:
         outputs = {name: value for name, value in out.items() if value is not None}
         if outputs:
             _refuse_aliases(op.name, inputs, outputs)
-        outputs.update(new_tensors(problem, self.new_outputs, zero=problem.empty))
+        for name, allocate in self.allocators.items():
+            outputs[name] = allocate()
         if problem.empty:
             for name in problem.outs:
                 interop.zero(outputs[name])
@@ -117,11 +120,14 @@ class CallCache:
         self._lock = threading.Lock()
 
     def get(self, key):
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None:
+        # no lock on the hit path (each dict operation is atomic); put and clear take it
+        plan = self._plans.get(key)
+        if plan is not None:
+            try:
                 self._plans.move_to_end(key)
-            return plan
+            except KeyError:  # another thread's put evicted it meanwhile: still a valid plan
+                pass
+        return plan
 
     def put(self, key, plan: CallPlan) -> None:
         with self._lock:

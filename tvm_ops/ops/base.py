@@ -22,6 +22,8 @@ class Operator:
         self.spec = spec.load(self.name)
         self.schedules = schedule_file.load(self.name)
         self._calls = CallCache(self.CALL_CACHE_SIZE)
+        self._input_names = tuple(t.name for t in self.spec.inputs)
+        self._output_names = tuple(t.name for t in self.spec.outputs)
 
     # --- contract -----------------------------------------------------------
     def rules(self, problem: checks.Problem) -> None:
@@ -87,10 +89,11 @@ class Operator:
         return plan.run(inputs, out)
 
     def _signature(self, inputs: dict, params: dict, target, out: dict):
+        values = [inputs.get(name) for name in self._input_names]
+        values += [out.get(name) for name in self._output_names]
+        values += params.values()
         parts = [target if isinstance(target, (str, targets.TargetModel)) else None]
-        parts += [interop.signature(inputs.get(t.name)) for t in self.spec.inputs]
-        parts += [interop.signature(out.get(t.name)) for t in self.spec.outputs]
-        parts += [interop.signature(value) for value in params.values()]
+        parts += map(interop.signature, values)
         return None if None in parts else (tuple(params), *parts)
 
     def _checked(self, inputs: dict, params: dict, target, out: dict):
