@@ -10,7 +10,9 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-CUDA_LANES = 32  # CUDA: a warp's lanes walk a point's channels this many apart
+CUDA_LANES = 32
+EVERY_ROW = False
+FEAT_SELECT = False  # CUDA: a warp's lanes walk a point's channels this many apart
 
 
 def _pos_memo():
@@ -40,30 +42,40 @@ def _pool_bands(dtype: str, V: int, first_touch: bool):
     It walks every point of its batch in order and adds the kept points whose y falls in its
     band: channels [0, C // V * V) in V-wide vectors, then the C % V tail. Every voxel is
     summed from zero in point order whatever R is, so R (and the thread count) never changes
-    the bits; a band reads the coordinates of all its batch's points but only its own
-    points' feature rows. (Writing pos_memo in the same walk, each owner its 1/R of the
-    points, was slower than its own kernel: docs/kernels/voxel_pooling_forward.md.)
+    the bits. (Writing pos_memo in the same walk, each owner its 1/R of the points, was slower
+    than its own kernel: docs/kernels/voxel_pooling_forward.md.)
 
-    first_touch False (`pool`): the band's rows are zero-filled first. True
-    (`pool_first_touch`, for few points per voxel): a byte per row of the band marks the rows
-    written so far; a row's first point stores feat + 0 (the bits of 0 + feat, -0 included),
-    later points add, and the rows no point reached are zero-filled at the end: no zero-fill
-    of the rows that receive points, and no read of them before their first point."""
+    first_touch False (`pool`, for many points per voxel): the band's rows are zero-filled
+    first, and the walk has no branch on whether a point is kept. Which points are is as
+    random as their coordinates; on these cases the features stream from memory and the
+    mispredicted branch stalled that stream more than reading every point's row costs: every
+    point adds its row, or zeros for a point the band does not keep, to a row of the band,
+    its voxel's or a spare one, (first, n % min(X, 4)) (four in turn: no chain of dependent
+    adds through one row). A sum that starts at +0 never becomes -0 (round to nearest), so
+    adding +0 leaves its bits as they are.
+
+    first_touch True (`pool_first_touch`, for few points per voxel, a cache-resident walk
+    where the branch is cheaper than an add per point): the kept points only; a byte per row
+    of the band marks the rows written so far; a row's first point stores feat + 0 (the bits
+    of 0 + feat, -0 included), later points add, and the rows no point reached are
+    zero-filled at the end: no zero-fill of the rows that receive points, and no read of them
+    before their first point."""
     zero = tvm.tirx.const(0, dtype)
 
     @T.macro
-    def add_row(out, feat, vb, y, x, n, C, seen):
-        # out[y, x] += feat[n], or out[y, x] = feat[n] + 0 on its first touch
+    def add_row(out, feat, vb, y, x, n, C, kept, seen):
+        # out[y, x] += value, or out[y, x] = value + 0 at the row's first point (not seen);
+        # value = feat[n], or 0 for a point not kept
         for c0, c1 in T.grid(C // V, V):
             with T.sblock("band_add"):
                 vc0, vc1 = T.axis.remap("SS", [c0, c1])
                 T.reads(out[vb, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
                 T.writes(out[vb, y, x, vc0 * V + vc1])
                 out[vb, y, x, vc0 * V + vc1] = T.Select(seen, out[vb, y, x, vc0 * V + vc1], zero) + \
-                    feat[vb, n, vc0 * V + vc1]
+                    T.Select(kept, feat[vb, n, vc0 * V + vc1], zero)
         for ct in range(C % V):
             out[vb, y, x, C // V * V + ct] = T.Select(seen, out[vb, y, x, C // V * V + ct], zero) + \
-                feat[vb, n, C // V * V + ct]
+                T.Select(kept, feat[vb, n, C // V * V + ct], zero)
 
     @T.prim_func(s_tir=True)
     def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32, bands: T.int32):
@@ -80,25 +92,28 @@ def _pool_bands(dtype: str, V: int, first_touch: bool):
                 first: T.let[T.int32] = vr * ((Y + bands - 1) // bands)
                 end: T.let[T.int32] = T.min(Y, first + (Y + bands - 1) // bands)  # the last bands may be empty
                 if first_touch:
-                    # touched[(y - first) * X + x] != 0 once row (y, x) has a point
+                    # touched[(y - first) * X + x] != 0 once row (y, x) has had its first add
                     touched = T.sblock_alloc_buffer(((Y + bands - 1) // bands * X,), "int8")
                     for i in range((Y + bands - 1) // bands * X):
                         touched[i] = T.int8(0)
                 else:
                     for yy, xx, c in T.grid(T.max(0, end - first), X, C):
                         out[vb, first + yy, xx, c] = zero
-                for point in range(N):
-                    n: T.let[T.int32] = point  # a let: the add block may read it
-                    x: T.let[T.int32] = geom[vb, n, 0]
-                    y: T.let[T.int32] = geom[vb, n, 1]
-                    z: T.let[T.int32] = geom[vb, n, 2]
-                    if x >= 0 and x < X and y >= first and y < end and z >= 0 and z < Z:
+                if first < end:
+                    for point in range(N):
+                        n: T.let[T.int32] = point  # lets: the add block may read them
+                        x: T.let[T.int32] = geom[vb, n, 0]
+                        y: T.let[T.int32] = geom[vb, n, 1]
+                        z: T.let[T.int32] = geom[vb, n, 2]
+                        kept: T.let = x >= 0 and x < X and y >= first and y < end and z >= 0 and z < Z
                         if first_touch:
-                            seen: T.let = touched[(y - first) * X + x] != T.int8(0)
-                            touched[(y - first) * X + x] = T.int8(1)
-                            add_row(out, feat, vb, y, x, n, C, seen)
-                        else:
-                            add_row(out, feat, vb, y, x, n, C, True)
+                            if kept:
+                                seen: T.let = touched[(y - first) * X + x] != T.int8(0)
+                                touched[(y - first) * X + x] = T.int8(1)
+                                add_row(out, feat, vb, y, x, n, C, True, seen)
+                        else:  # no branch: the zeros of a point not kept go to a spare row
+                            add_row(out, feat, vb, T.Select(kept, y, first), T.Select(kept, x, n % T.min(X, 4)), n,
+                                    C, kept, True)
                 if first_touch:
                     for yy, xx in T.grid(T.max(0, end - first), X):
                         row: T.let[T.int32] = yy * X + xx  # a let: the fill may read it
