@@ -29,7 +29,9 @@ def llvm_ir(features, V: int, stream: bool) -> str:
 
 
 def _gather_cpu(dtype: str, V: int, K: int, stream: bool, ahead: int, stream_min_words: int):
-    """Task t = points [t * K, (t + 1) * K) of the flattened (b, n), in order. Per point:
+    """Task (b, t) = points [t * K, (t + 1) * K) of batch b, in order (a task within one
+    batch: no division by N per point to find a point's batch, which cost the twin case more
+    than its copies). Per point:
     pos_memo read once, then channels [0, C // V * V) as V-wide vectors (block `copy`,
     vectorised by the schedule) and the C % V tail (the V split is in the compute: TVM 0.27
     scalarises a predicated split of a symbolic loop). The grad_output row `ahead` points
@@ -51,27 +53,25 @@ def _gather_cpu(dtype: str, V: int, K: int, stream: bool, ahead: int, stream_min
         grad = T.match_buffer(grad_h, (B, Y, X, C), dtype)
         memo = T.match_buffer(memo_h, (B, N, 3), "int32")
         out = T.match_buffer(out_h, (B, N, C), dtype)
-        for t in range((B * N + K - 1) // K):
+        for b, t in T.grid(B, (N + K - 1) // K):
             with T.sblock("task"):
-                vt = T.axis.spatial((B * N + K - 1) // K, t)
-                T.reads(memo[0:B, 0:N, 0:3], grad[0:B, 0:Y, 0:X, 0:C])
-                T.writes(out[0:B, 0:N, 0:C])
+                vb, vt = T.axis.remap("SS", [b, t])
+                T.reads(memo[vb, 0:N, 0:3], grad[vb, 0:Y, 0:X, 0:C])
+                T.writes(out[vb, 0:N, 0:C])
                 # (B * N * C < 2^31: the checks refuse larger tensors)
                 lined: T.let[T.bool] = T.bool(streamed_path) and B * N * C >= stream_min_words and \
                     C % LINE_WORDS == 0 and T.call_extern(
                     "int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0])) != 0
-                for j in range(T.min(K, B * N - vt * K)):
-                    vb: T.let[T.int32] = (vt * K + j) // N
-                    vn: T.let[T.int32] = (vt * K + j) % N
-                    if ahead > 0 and vt * K + j + ahead < B * N:
+                for j in range(T.min(K, N - vt * K)):
+                    vn: T.let[T.int32] = vt * K + j
+                    if ahead > 0 and vn + ahead < N:
                         # the row `ahead` points on, into the caches while this point is copied;
-                        # any row of grad_output will do, so the test is only its bounds
-                        pb: T.let[T.int32] = (vt * K + j + ahead) // N
-                        pn: T.let[T.int32] = (vt * K + j + ahead) % N
-                        py: T.let[T.int32] = memo[pb, pn, 1]
-                        px: T.let[T.int32] = memo[pb, pn, 2]
-                        if py >= 0 and py < Y and px >= 0 and px < X:
-                            prefetch_words(lambda w: grad[pb, py, px, w], C, 0)
+                        # any row of grad_output will do: a point not kept prefetches a row
+                        # clamped into the grid (no branch on whether it is kept, which is as
+                        # random as the points)
+                        py: T.let[T.int32] = T.max(0, T.min(memo[vb, vn + ahead, 1], Y - 1))
+                        px: T.let[T.int32] = T.max(0, T.min(memo[vb, vn + ahead, 2], X - 1))
+                        prefetch_words(lambda w: grad[vb, py, px, w], C, 0)
                     # pos_memo read once per point
                     y: T.let[T.int32] = memo[vb, vn, 1]
                     x: T.let[T.int32] = memo[vb, vn, 2]

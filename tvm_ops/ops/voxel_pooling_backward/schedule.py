@@ -5,9 +5,10 @@ from .compute import llvm_ir
 
 
 def llvm(sch, kernel, model, plan):
-    # owner = a task of consecutive points: the thread pool gives each thread a contiguous
-    # run of tasks, so each thread writes one contiguous stretch of grad_input_features
-    (t,) = sch.get_loops(sch.get_sblock("task"))
+    # owner = a task of consecutive points of a batch: the thread pool gives each thread a
+    # contiguous run of the (batch, task) pairs, so each thread writes one contiguous
+    # stretch of grad_input_features
+    t = sch.fuse(*sch.get_loops(sch.get_sblock("task")))
     sch.parallel(t)
     ir = llvm_ir(model.features(), plan["vec"], plan["stream"])
     if ir:
