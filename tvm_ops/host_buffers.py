@@ -27,7 +27,7 @@ Every output of ALIGN_MIN_BYTES or more starts on a cache line (LINE_BYTES), as
 PyTorch's CPU tensors do (numpy's large arrays start 16 bytes into one): CPU kernels
 whose threads own neighbouring column blocks of an output (border_align_backward)
 would otherwise share the boundary lines between cores, which cost that op ~30%.
-Smaller outputs are plain np.empty: aligning one costs ~3 us of a call's host time,
+Smaller outputs are plain np.empty: aligning one costs ~1 us of a call's host time,
 more than such an output can lose to a shared line. Workspaces are always aligned
 (`line_aligned`): a meta_schedule kernel may vectorise over them with aligned moves,
 since TVM declares every buffer parameter 64-byte aligned.
