@@ -118,32 +118,19 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     scratch = scratch_scope("llvm")
     walk_points = _walk_points_macro(dtype, lanes)
 
-    @T.prim_func(s_tir=True)
-    def three_interpolate_forward(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        B, C, M, N = T.int32(), T.int32(), T.int32(), T.int32()
-        features = T.match_buffer(feat_h, (B, C, M), dtype)
-        indices = T.match_buffer(idx_h, (B, N, 3), "int32")
-        weights = T.match_buffer(w_h, (B, N, 3), dtype)
-        out = T.match_buffer(out_h, (B, C, N), dtype)
-        for task in range(B * T.ceildiv(C, c_tile)):
-            with T.sblock("task"):
-                vt = T.axis.remap("S", [task])
-                T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
-                T.writes(out[0:B, 0:C, 0:N])
-                IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
-                W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
-                b = T.Bind(vt // T.ceildiv(C, c_tile))
-                c0 = T.Bind(vt % T.ceildiv(C, c_tile) * c_tile)
-                # a whole block's channels unrolled; the last block of C % c_tile channels (all
-                # of them when C < c_tile) in a loop (filling the block by repeating channel
-                # C - 1 costs a one-channel call c_tile times its work)
-                if c0 + c_tile <= C:
-                    walk_points(IDX, W, features, indices, weights, out, b, c0, c_tile, M, N, True)
-                else:
-                    walk_points(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
+    @T.macro
+    def block(features, indices, weights, out, b, c0, C, M, N):
+        IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
+        W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
+        # a whole block's channels unrolled; the last block of C % c_tile channels (all of
+        # them when C < c_tile) in a loop (filling the block by repeating channel C - 1 costs
+        # a one-channel call c_tile times its work)
+        if c0 + c_tile <= C:
+            walk_points(IDX, W, features, indices, weights, out, b, c0, c_tile, M, N, True)
+        else:
+            walk_points(IDX, W, features, indices, weights, out, b, c0, C - c0, M, N, False)
 
-    return three_interpolate_forward
+    return _channel_block_kernel(dtype, c_tile, block)
 
 
 def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
@@ -197,40 +184,49 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
 
     whole_block, one_vector = tile_block(channel_vectors), tile_block(1)
 
+    @T.macro
+    def block(features, indices, weights, out, b, c0, C, M, N):
+        S = T.alloc_buffer((M, CW), "float32")  # the block's features, a neighbour per row
+        A = T.alloc_buffer((channel_vectors, L, L), "float32")  # squares [point, channel]
+        x_lo = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+        x_hi = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+        y_lo = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+        y_hi = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
+        if c0 + CW <= C:
+            whole_block(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0, M, N)
+        else:
+            for v in range((C - c0) // L):
+                one_vector(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0 + v * L, M, N)
+            if (C - c0) % L > 0:
+                IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
+                W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
+                walk_points(IDX, W, features, indices, weights, out, b, C - (C - c0) % L, (C - c0) % L, M, N,
+                            False)
+
+    return _channel_block_kernel(dtype, CW, block)
+
+
+def _channel_block_kernel(dtype: str, width: int, block):
+    """The CPU plans' kernel: a task per (batch, block of `width` channels), the schedule's
+    parallel loop; `block` (a macro) computes one task's output rows."""
     @T.prim_func(s_tir=True)
-    def three_interpolate_forward_tiles(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
+    def three_interpolate_forward(feat_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         B, C, M, N = T.int32(), T.int32(), T.int32(), T.int32()
         features = T.match_buffer(feat_h, (B, C, M), dtype)
         indices = T.match_buffer(idx_h, (B, N, 3), "int32")
         weights = T.match_buffer(w_h, (B, N, 3), dtype)
         out = T.match_buffer(out_h, (B, C, N), dtype)
-        for task in range(B * T.ceildiv(C, CW)):
+        for task in range(B * T.ceildiv(C, width)):
             with T.sblock("task"):
                 vt = T.axis.remap("S", [task])
                 T.reads(features[0:B, 0:C, 0:M], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
                 T.writes(out[0:B, 0:C, 0:N])
-                b = T.Bind(vt // T.ceildiv(C, CW))
-                c0 = T.Bind(vt % T.ceildiv(C, CW) * CW)
-                S = T.alloc_buffer((M, CW), "float32")  # the block's features, a neighbour per row
-                A = T.alloc_buffer((channel_vectors, L, L), "float32")  # squares [point, channel]
-                x_lo = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
-                x_hi = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
-                y_lo = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
-                y_hi = T.alloc_buffer((L // 2, L), "float32", scope=scratch)
-                if c0 + CW <= C:
-                    whole_block(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0, M, N)
-                else:
-                    for v in range((C - c0) // L):
-                        one_vector(features, indices, weights, out, S, A, x_lo, x_hi, y_lo, y_hi, b, c0 + v * L,
-                                   M, N)
-                    if (C - c0) % L > 0:
-                        IDX = T.alloc_buffer((3, lanes), "int32", scope=scratch)
-                        W = T.alloc_buffer((3, lanes), "float32", scope=scratch)
-                        walk_points(IDX, W, features, indices, weights, out, b, C - (C - c0) % L, (C - c0) % L,
-                                    M, N, False)
+                b = T.Bind(vt // T.ceildiv(C, width))
+                c0 = T.Bind(vt % T.ceildiv(C, width) * width)
+                block(features, indices, weights, out, b, c0, C, M, N)
 
-    return three_interpolate_forward_tiles
+    return three_interpolate_forward
 
 
 def gather_ir(lanes: int) -> str:
