@@ -138,6 +138,70 @@ def test_other_layouts_of_the_same_values_give_the_same_bits(name):
                 np.testing.assert_array_equal(a, b, err_msg=f"{key} {layout}")
 
 
+@requires_torch
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_tensors_whose_memory_is_not_their_values_are_read_as_values(name):
+    """A negated view (torch's negative bit: `conj().imag`, `_neg_view`) holds the negation of
+    its values in memory and an efficient zero tensor no memory at all; the kernels read
+    memory, so the call path resolves both (the call on plain tensors of the same values is
+    the reference)."""
+    import torch
+
+    function, kwargs = legal_call(name)
+    plain = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    for key, value in kwargs.items():
+        if not isinstance(value, np.ndarray) or value.ndim == 0:
+            continue
+        zeros = np.zeros_like(value)
+        for lazy, given, values in (("negated", torch._neg_view(torch.from_numpy(-value)), value),
+                                    ("zero", torch._efficientzerotensor(value.shape, dtype=plain[key].dtype), zeros)):
+            try:
+                want = as_list(function(**{**plain, key: torch.from_numpy(values)}))
+            except tvm_ops.OpError as exc:  # zeros can be illegal (a level table): refused alike
+                with pytest.raises(type(exc)):
+                    function(**{**plain, key: given})
+                continue
+            for _ in range(2):  # the checked call, then the repeated one
+                got = as_list(function(**{**plain, key: given}))
+                for a, b in zip(got, want, strict=True):
+                    np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{key} {lazy}")
+
+
+def test_host_values_from_many_threads_at_once():
+    """Small host tensors read by the checks (level tables, voxel_num) share one bounded cache:
+    threads filling it past its bound at once each get their own value."""
+    import sys
+    import threading
+
+    from tvm_ops import interop
+    from tvm_ops.ops.ms_deform_attn_sampling import level_problems
+
+    tables = [np.array([[i + 1, 1]], np.int32) for i in range(300)]
+    expected = [level_problems(t) for t in tables]
+    errors = []
+
+    def read(offset):
+        try:
+            for i in range(6000):
+                k = (i * 7 + offset * 13) % len(tables)
+                if interop.host_values(tables[k], level_problems) != expected[k]:
+                    errors.append(f"wrong value for table {k}")
+        except Exception as exc:  # noqa: BLE001 - any exception is the failure reported
+            errors.append(repr(exc))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+
+
 def wrong_or_odd(value):
     """Inputs a caller might pass by mistake (or on purpose, for the non-finite values)."""
     if not isinstance(value, np.ndarray):

@@ -36,15 +36,37 @@ class TensorInfo:
     device: str  # "cpu" or "cuda"
     native: bool = True  # numpy: native byte order (DLPack takes no other)
     writeable: bool = True  # numpy: not read-only (DLPack exports no read-only array)
+    lazy: bool = False  # torch: its memory does not hold its values (lazy_values)
 
     @property
     def ready(self) -> bool:
         """Whether the kernels can take the tensor as it is (else contiguous() copies it)."""
-        return self.contiguous and self.native and self.writeable
+        return self.contiguous and self.native and self.writeable and not self.lazy
 
 
 def _is_torch(value) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "is_contiguous")
+
+
+def lazy_values(tensor) -> bool:
+    """Whether a torch tensor's memory does not hold its values: a negated view (the negative
+    bit of `conj().imag` or `_neg_view`, applied only when read through torch) or an
+    efficient zero tensor (no memory). The kernels read memory, so such a tensor is copied."""
+    return tensor.is_neg() or tensor._is_zerotensor()
+
+
+def resolved(tensor):
+    """A torch tensor whose memory holds its values (itself unless lazy_values)."""
+    if tensor._is_zerotensor():
+        tensor = tensor.clone()  # memory of its own, zero-filled
+    return tensor.resolve_neg()
+
+
+def host_array(value) -> np.ndarray:
+    """The values of a numpy array or torch tensor as numpy (a device tensor copied to the host)."""
+    if isinstance(value, np.ndarray):
+        return value
+    return resolved(value.detach()).cpu().numpy()
 
 
 def _torch_dtype_name(dtype) -> str:
@@ -65,7 +87,7 @@ def describe(name: str, value) -> TensorInfo:
                           bool(value.flags.writeable))
     if _is_torch(value):
         return TensorInfo(name, value, tuple(value.shape), _torch_dtype_name(value.dtype),
-                          bool(value.is_contiguous()), "torch", value.device.type)
+                          bool(value.is_contiguous()), "torch", value.device.type, lazy=lazy_values(value))
     if hasattr(value, "__dlpack__"):
         try:
             return describe(name, np.from_dlpack(value))
@@ -90,7 +112,7 @@ def make_contiguous(value):
                     "avoid the copy", "strided or broadcast" if isinstance(value, np.ndarray) else "strided",
                     list(value.shape), nbytes / 1e9)
     if not isinstance(value, np.ndarray):
-        return value.contiguous()
+        return resolved(value).contiguous()
     value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
     if not value.flags.writeable:
         value = np.asarray(_Unmarked(value))
@@ -187,7 +209,8 @@ def signature(value):
     if kind == "numpy":
         return np.ndarray, value.shape, value.dtype, value.strides, value.flags.writeable
     if kind == "torch":
-        return "torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad
+        return ("torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad,
+                lazy_values(value))
     return None
 
 
@@ -203,6 +226,7 @@ def _signature_kind(value) -> str:
 
 
 _host_results: dict = {}  # (host values, dtype, shape, convert) -> convert's result
+_host_results_lock = threading.Lock()  # its eviction: two threads must not drop one entry
 _per_version: dict = {}  # (id(device tensor), make) -> (its version, make's result); dropped when it dies
 _per_version_lock = threading.Lock()
 
@@ -212,19 +236,21 @@ def host_values(value, convert):
     tensors); for a device tensor once per tensor object and version (torch's counter of
     in-place changes), so repeated calls with the same tensor never copy it to the host."""
     if isinstance(value, np.ndarray) or value.device.type == "cpu":
-        array = value if isinstance(value, np.ndarray) else value.detach().numpy()
+        array = host_array(value)
         key = (array.tobytes(), array.dtype.str, array.shape, convert)  # small tensors: cheap to key
-        result = _host_results.get(key)
+        result = _host_results.get(key)  # no lock on a hit (a dict read is atomic)
         if result is None:
-            result = _host_results[key] = convert(array)
-            if len(_host_results) > 64:
-                _host_results.pop(next(iter(_host_results)))
+            result = convert(array)
+            with _host_results_lock:
+                _host_results[key] = result
+                while len(_host_results) > 64:
+                    _host_results.pop(next(iter(_host_results)))
         return result
     return per_version(value, convert, _read_to_host)
 
 
 def _read_to_host(value, convert):
-    return convert(value.detach().cpu().numpy())  # the one synchronisation per tensor and version
+    return convert(host_array(value))  # the one synchronisation per tensor and version
 
 
 def per_version(value, key, make=None):
