@@ -152,6 +152,17 @@ def test_the_module_is_a_thin_layer_over_the_function():
     torch.testing.assert_close(layer(x, boxes), tf.border_align(x, boxes, 5), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("pool_size", [2.7, 3.0, "3", True, 0])
+def test_a_pool_size_that_is_no_positive_integer_is_refused_not_truncated(pool_size):
+    from tvm_ops import BadParamError
+
+    x, boxes = torch.randn(1, 8, 3, 4), make_boxes(1, 3, 4)
+    with pytest.raises(BadParamError, match="border_align: pool_size must be"):
+        tf.border_align(x, boxes, pool_size)
+    with pytest.raises(BadParamError, match="border_align: pool_size must be"):
+        tf.BorderAlign(pool_size)
+
+
 def test_no_grad_runs_the_forward_alone(monkeypatch):
     from tvm_ops.ops import border_align_backward as backward
 

@@ -173,6 +173,12 @@ def test_index_values_outside_int32_are_refused():
         tf.ms_deform_attn(value, shapes, starts - 2**40, loc, attn)
 
 
+@pytest.mark.parametrize("step", [1.5, 64.0, 0])
+def test_an_im2col_step_that_is_no_positive_integer_is_refused(step):
+    with pytest.raises(tvm_ops.BadParamError, match="ms_deform_attn: im2col_step must be"):
+        tf.ms_deform_attn(*tiny_case(), step)
+
+
 def test_per_version_computes_once_per_tensor_and_version():
     calls = []
 

@@ -233,6 +233,13 @@ def test_bad_voxel_num_is_refused(voxel_num):
         tf.voxel_pooling(geom, feat, voxel_num)
 
 
+@pytest.mark.parametrize("geom_shape, feat_shape", [((0, 5, 3), (0, 5, 4)), ((2, 5, 3), (2, 5, 0)),
+                                                    ((2, 0, 3), (2, 0, 4)), ((2, 3, 0, 3), (2, 3, 0, 4))])
+def test_an_empty_batch_channel_or_point_axis_is_refused_like_the_operator(geom_shape, feat_shape):
+    with pytest.raises(tvm_ops.BadParamError, match="B, N, C must be non-zero"):
+        tf.voxel_pooling(torch.zeros(geom_shape, dtype=torch.int32), torch.zeros(feat_shape), VOXELS)
+
+
 def test_operator_checks_reach_the_caller():
     geom, feat = random_points()
     with pytest.raises(tvm_ops.BadParamError, match="num_voxel_x must be >= 1"):

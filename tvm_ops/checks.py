@@ -40,7 +40,9 @@ def _dims_text(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-def _int_param(op: str, name: str, value, minimum: int) -> int:
+def int_param(op: str, name: str, value, minimum: int) -> int:
+    """`value` as an int: an integer (numpy's too, no bool) within [minimum, INT32_MAX], else
+    BadParamError."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise BadParamError(f"{op}: {name} must be an integer, got {value!r}")
     if value < minimum:
@@ -119,7 +121,7 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
                 raise BadParamError(f"{op}: {p.name} must be one of {', '.join(map(repr, p.choices))}, "
                                     f"got {value!r}")
             continue
-        checked_params[p.name] = _int_param(op, p.name, value, p.minimum)
+        checked_params[p.name] = int_param(op, p.name, value, p.minimum)
         if p.symbol is not None:
             bind(p.name, (p.symbol,), (checked_params[p.name],), scalar=True)
     for t in spec.outputs:
@@ -170,4 +172,4 @@ def shape_of(dims, sizes: dict) -> tuple:
     return tuple(d if isinstance(d, int) else sizes[d] for d in dims)
 
 
-__all__ = ["Problem", "check", "output_shape", "shape_of", "LARGE_TENSOR"]
+__all__ = ["Problem", "check", "int_param", "output_shape", "shape_of", "LARGE_TENSOR"]

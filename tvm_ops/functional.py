@@ -11,11 +11,13 @@ runs. Importing this module needs torch and nothing else; TVM loads on the first
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from . import interop
+from . import checks, interop
 from .errors import BadParamError
 
 __all__ = ["BorderAlign", "DynamicScatter", "MultiScaleDeformableAttnFunction", "border_align", "dynamic_scatter",
@@ -43,13 +45,13 @@ def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn") -> Tenso
     if tensor.dtype != torch.int64:
         return tensor  # int32 as it is; other dtypes: the operator's checks name them
     if tensor.device.type == "cpu":
-        _require_int32(tensor.numpy(), name, function)
+        _require_int32(interop.host_array(tensor), name, function)
         return tensor.to(torch.int32)
     return interop.per_version(tensor, name, lambda t, n: _int32_twin(t, n, function))
 
 
 def _int32_twin(tensor: Tensor, name: str, function: str) -> Tensor:
-    _require_int32(tensor.cpu().numpy(), name, function)
+    _require_int32(interop.host_array(tensor), name, function)
     return tensor.to(torch.int32)
 
 
@@ -122,7 +124,7 @@ def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Ten
     and attention_weights (the backward is tvm_ops.ms_deform_attn_backward). Sampling rule
     and checks: tvm_ops.ms_deform_attn_forward."""
     out = _msda_forward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-                        int(im2col_step))
+                        checks.int_param("ms_deform_attn", "im2col_step", im2col_step, 1))
     return out.flatten(2)
 
 
@@ -192,8 +194,13 @@ def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
     backward is tvm_ops.border_align_backward of the forward's argmax). The kernels work in
     NHWC: the input is copied into it and the result is a permuted view of the kernels'
     [N, H*W, 4, C] output. Rules: tvm_ops.border_align_forward."""
-    output, _ = _border_forward(input.permute(0, 2, 3, 1), boxes, int(pool_size))
+    output, _ = _border_forward(input.permute(0, 2, 3, 1), boxes, _pool_size(pool_size))
     return output.permute(0, 3, 1, 2)
+
+
+def _pool_size(pool_size) -> int:
+    # an integer as the kernels' checks take it (a float is refused, never truncated)
+    return checks.int_param("border_align", "pool_size", pool_size, 1)
 
 
 class BorderAlign(torch.nn.Module):
@@ -202,7 +209,7 @@ class BorderAlign(torch.nn.Module):
 
     def __init__(self, pool_size: int):
         super().__init__()
-        self.pool_size = int(pool_size)
+        self.pool_size = _pool_size(pool_size)
 
     def forward(self, input: Tensor, boxes: Tensor) -> Tensor:
         return border_align(input, boxes, self.pool_size)
@@ -283,7 +290,8 @@ def voxel_pooling(geom_xyz: Tensor, input_features: Tensor, voxel_num) -> Tensor
     if geom_xyz.dtype == torch.int64:
         geom_xyz = geom_xyz.clamp(-1, INT32_MAX).to(torch.int32)
     batch, channels = input_features.shape[0], input_features.shape[-1]
-    out, _ = _voxel_forward(geom_xyz.reshape(batch, -1, 3), input_features.reshape(batch, -1, channels),
+    points = math.prod(input_features.shape[1:-1])  # not -1: reshape cannot infer it with B or C = 0
+    out, _ = _voxel_forward(geom_xyz.reshape(batch, points, 3), input_features.reshape(batch, points, channels),
                             num_x, num_y, num_z)
     return out.permute(0, 3, 1, 2)
 
