@@ -129,6 +129,53 @@ def test_threads_with_different_signatures_agree_with_one_thread():
                 np.testing.assert_array_equal(a, b)
 
 
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def test_reused_workspaces_carry_nothing_from_one_call_to_the_next():
+    """A plan's small host workspaces are reused by its next call on the same thread: what
+    the last call left in them (here every byte overwritten) changes no result."""
+    reusing = []
+    for name in NAMES:
+        op = get(name)
+        op.clear_call_cache()
+        for case in op.spec.cases:
+            if case.expect != "ok" or case.heavy or not all(case.shape.values()):
+                continue
+            inputs, params = generated(op, case)
+            first = as_tuple(op.call(inputs, params, "llvm", {}))
+            plan = op._calls.get(op._signature(inputs, params, "llvm", {}))
+            if not plan.reuses_workspaces:
+                continue
+            reusing.append(name)
+            held = plan._workspaces()
+            assert plan._workspaces() is held
+            for fill in (0xFF, 0x7F, 0x00):
+                for view in held.values():
+                    view.reshape(-1).view(np.uint8).fill(fill)
+                for a, b in zip(first, as_tuple(op.call(inputs, params, "llvm", {})), strict=True):
+                    np.testing.assert_array_equal(a, b, err_msg=f"{name} {case.name} after bytes {fill:#x}")
+    # dynamic_scatter_forward's radix grouping, dynamic_scatter_backward's max
+    assert {"dynamic_scatter_forward", "dynamic_scatter_backward"} <= set(reusing)
+
+
+def test_threads_sharing_a_plan_with_workspaces_agree_with_one_thread():
+    op = get("dynamic_scatter_forward")
+    rng = np.random.default_rng(2)
+    problems = [({"feats": rng.uniform(-1, 1, (600, 16)).astype(np.float32),
+                  "coors": rng.integers(-1, 6, (600, 3)).astype(np.int32)}, {"reduce_type": reduce})
+                for reduce in ("max", "sum", "mean") for _ in range(3)]
+    op.clear_call_cache()
+    alone = [op.call(i, p, "llvm", {}) for i, p in problems]
+    with cf.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            together = list(pool.map(lambda ip: op.call(ip[0], ip[1], "llvm", {}), problems * 4))
+            for a, b in zip(alone * 4, together):
+                for x, y in zip(a, b, strict=True):
+                    np.testing.assert_array_equal(x, y)
+
+
 @requires_torch
 def test_torch_tensors_take_the_same_path():
     import torch

@@ -78,7 +78,7 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES) and not line_aligned:
         return np.empty(shape, dtype)
-    if not reused(shape, dtype):
+    if nbytes < MIN_BYTES or limit_bytes() == 0:  # reused() without its second size sum
         return _on_a_line(shape, dtype, nbytes)
     block = _take(nbytes)
     if block is None:
