@@ -63,10 +63,11 @@ def resolved(tensor):
 
 
 def host_array(value) -> np.ndarray:
-    """The values of a numpy array or torch tensor as numpy (a device tensor copied to the host)."""
+    """The values of a numpy array or torch tensor as numpy (a device tensor copied to the host;
+    force: detached, and lazy values resolved, as `resolved` does)."""
     if isinstance(value, np.ndarray):
         return value
-    return resolved(value.detach()).cpu().numpy()
+    return value.numpy(force=True)
 
 
 def _torch_dtype_name(dtype) -> str:
