@@ -84,21 +84,26 @@ def _vector_sum(IDX, W, features, b, c, M, lanes, dtype, gather):
 
 def _walk_points_macro(dtype: str, lanes: int):
     """The gather plan's walk of one (batch, channel block): per vector of `lanes` points (the
-    last moved back to end at N) its neighbours' indices and weights gathered once (a
-    stride-3 gather each), then one output vector per channel of the block (`unrolled`: the
-    channels unrolled, else a loop)."""
-    f32_gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"  # gather_ir's functions
-    i32_gather = f"tvm_ops_gather_i32_x{lanes}"
+    last moved back to end at N) its neighbours' indices and weights read once (column k of
+    its rows: one load and a deinterleaving shuffle each, _every3_ir), then one output vector
+    per channel of the block (`unrolled`: the channels unrolled, else a loop)."""
+    kind = "f16" if dtype == "float16" else "f32"
+    f32_gather = f"tvm_ops_gather_{kind}_x{lanes}"  # gather_ir's functions
+    # column k of `lanes` rows of indices / weights: gather_ir's deinterleaving loads, one per k
+    index_column = [f"tvm_ops_every3_i32_x{lanes}_{k}" for k in range(3)]
+    weight_column = [f"tvm_ops_every3_{kind}_x{lanes}_{k}" for k in range(3)]
+    ivec, fvec = f"int32x{lanes}", f"float32x{lanes}"
 
     @T.macro
     def walk_points(IDX, W, features, indices, weights, out, b, c0, channels, M, N, unrolled):
         for o in range(T.ceildiv(N, lanes)):
             n0 = T.Bind(T.min(o * lanes, N - lanes))
-            for k in T.unroll(3):
-                IDX[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"int32x{lanes}", i32_gather, T.address_of(
-                    indices[b, n0, 0]), T.Ramp(k, 3, lanes))
-                W[k, T.Ramp(0, 1, lanes)] = T.call_extern(f"float32x{lanes}", f32_gather, T.address_of(
-                    weights[b, n0, 0]), T.Ramp(k, 3, lanes))
+            IDX[0, T.Ramp(0, 1, lanes)] = T.call_extern(ivec, index_column[0], T.address_of(indices[b, n0, 0]))
+            IDX[1, T.Ramp(0, 1, lanes)] = T.call_extern(ivec, index_column[1], T.address_of(indices[b, n0, 0]))
+            IDX[2, T.Ramp(0, 1, lanes)] = T.call_extern(ivec, index_column[2], T.address_of(indices[b, n0, 0]))
+            W[0, T.Ramp(0, 1, lanes)] = T.call_extern(fvec, weight_column[0], T.address_of(weights[b, n0, 0]))
+            W[1, T.Ramp(0, 1, lanes)] = T.call_extern(fvec, weight_column[1], T.address_of(weights[b, n0, 0]))
+            W[2, T.Ramp(0, 1, lanes)] = T.call_extern(fvec, weight_column[2], T.address_of(weights[b, n0, 0]))
             for ci in T.unroll(channels) if unrolled else T.serial(channels):
                 out[b, c0 + ci, T.Ramp(n0, 1, lanes)] = _vector_sum(IDX, W, features, b, c0 + ci, M, lanes,
                                                                     dtype, f32_gather)
@@ -110,7 +115,7 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     """The CPU kernel of the gather plan (written in its scheduled form): a block per
     (batch, block of c_tile channels); per vector of `lanes` points (the last moved back to
     end at N, as point_vectors does) the indices and weights of the 3 neighbours are
-    gathered once (a stride-3 gather each), then per channel the 3 features are gathered
+    read once (deinterleaving loads, _every3_ir), then per channel the 3 features are gathered
     and the sum stored as one vector (a whole block's channels unrolled, the last block's
     C % c_tile in a loop). The same float32 terms in the same order as forward_compute: the
     same bits. The gathers are calls of gather_ir's functions (TVM's LLVM codegen turns a
@@ -245,7 +250,7 @@ def gather_ir(lanes: int) -> str:
     v32, vf, vp = f"<{lanes} x i32>", f"<{lanes} x float>", f"<{lanes} x ptr>"
     i32_gather = f"@llvm.masked.gather.v{lanes}i32.v{lanes}p0"
     f32_gather = f"@llvm.masked.gather.v{lanes}f32.v{lanes}p0"
-    return (f"declare {v32} {i32_gather}({vp}, i32, <{lanes} x i1>, {v32})\n"
+    return _every3_ir(lanes) + (f"declare {v32} {i32_gather}({vp}, i32, <{lanes} x i1>, {v32})\n"
             f"declare {vf} {f32_gather}({vp}, i32, <{lanes} x i1>, {vf})\n"
             f"define {vf} @tvm_ops_gather_f32_x{lanes}(ptr %base, {v32} %index) alwaysinline {{\nentry:\n"
             f"  %p = getelementptr float, ptr %base, {v32} %index\n"
@@ -267,3 +272,24 @@ def gather_ir(lanes: int) -> str:
             f"  %h = bitcast <{lanes} x i16> %t to <{lanes} x half>\n"
             f"  %w = fpext <{lanes} x half> %h to {vf}\n"
             f"  ret {vf} %w\n}}\n")
+
+
+def _every3_ir(lanes: int) -> str:
+    """LLVM IR of tvm_ops_every3_{i32,f32,f16}_x<lanes>_<k>(base), k < 3: the elements
+    base[k + 3 l], l < lanes (f16 widened to float), i.e. column k of `lanes` rows of an
+    [N, 3] tensor: one load of the 3 * lanes contiguous elements and a deinterleaving
+    shuffle (a few permutes), where a stride-3 gather is one slow instruction per vector (on
+    AMD's Zen 4 ~10x the permutes). Reads exactly those rows."""
+    text = []
+    for name, element, widen in (("i32", "i32", None), ("f32", "float", None), ("f16", "half", "float")):
+        wide, out = f"<{3 * lanes} x {element}>", f"<{lanes} x {element}>"
+        result = f"<{lanes} x {widen}>" if widen else out
+        for k in range(3):
+            mask = ", ".join(f"i32 {k + 3 * lane}" for lane in range(lanes))
+            body = (f"  %rows = load {wide}, ptr %base, align 1\n"
+                    f"  %column = shufflevector {wide} %rows, {wide} poison, <{lanes} x i32> <{mask}>\n")
+            body += (f"  %wide = fpext {out} %column to {result}\n  ret {result} %wide\n" if widen
+                     else f"  ret {out} %column\n")
+            text.append(f"define {result} @tvm_ops_every3_{name}_x{lanes}_{k}(ptr %base) alwaysinline {{\nentry:\n"
+                        f"{body}}}\n")
+    return "".join(text)
