@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from tvm_ops import build, dispatch, records, targets
+from tvm_ops import build, checks, dispatch, records, runner, targets
 from tvm_ops.testing import material
 from tvm_ops.tuning import tune
 from tvm_ops.errors import BadParamError
@@ -315,7 +315,6 @@ def test_rpc_tune_through_tracker(tmp_path, rpc_tracker):
 
 
 def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
-    from tvm_ops import checks, runner
     from tvm_ops.errors import NotSupportedError
 
     def traced(op, case_name=None, **extra):
@@ -351,7 +350,6 @@ def test_every_launch_replays_over_rpc(name, kind):
     start at zero is declared too), so `tune --rpc-tracker` can replay it on a board, CPU or GPU."""
     import dataclasses
 
-    from tvm_ops import checks, runner
 
     op = get(name)
     model = targets.resolve("llvm") if kind == "llvm" else targets.cuda("sm_80")
@@ -386,7 +384,6 @@ def test_a_record_whose_knobs_do_not_build_falls_back_to_the_hand_tuned_default(
 
 
 def test_an_operator_with_a_counted_size_is_refused_over_rpc():
-    from tvm_ops import checks, runner
     from tvm_ops.errors import NotSupportedError
 
     op = get("dynamic_scatter_forward")
@@ -395,3 +392,59 @@ def test_an_operator_with_a_counted_size_is_refused_over_rpc():
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     with pytest.raises(NotSupportedError, match=r"output sizes \(M\) are read on the host"):
         tune.trace_launch(op, problem, op.plan(targets.resolve("llvm"), op.schedules["llvm"].defaults))
+
+
+def good_record(model, **changes):
+    row = {"op": OP.name, "dtype": "float32", "target": model.key, "shape_class": SHAPE_CLASS, "case": CASE,
+           "knobs": dict(OP.schedules["llvm"].defaults), "status": "ok", "correct": True, "median_s": 1e-5,
+           "runner": "local"}
+    return {**row, **changes}
+
+
+@pytest.mark.parametrize("bad", [{"median_s": "fast"}, {"median_s": [1]}, {"median_s": float("nan")},
+                                 {"status": None}, {"correct": "yes"}], ids=str)
+def test_a_malformed_record_is_skipped_like_a_torn_line(tmp_path, model, bad):
+    path = tmp_path / "records.jsonl"
+    good = good_record(model, median_s=2e-5)
+    malformed = {k: v for k, v in good_record(model, **bad).items() if v is not None}
+    path.write_text(json.dumps(malformed) + "\n" + json.dumps(good) + "\n")
+    assert records.read(path) == [good]
+    assert records.best(OP, "float32", model, SHAPE_CLASS, path) == good
+
+
+def test_a_record_naming_no_candidate_of_a_choice_knob_is_not_used(tmp_path, model, monkeypatch):
+    """dynamic_scatter_forward's `sort` picks the grouping kernels and which workspaces start
+    at zero: a value the schedule file does not list would run one plan with the other's
+    zero-fills (wrong counts), so such a record is never dispatched to."""
+    op = get("dynamic_scatter_forward")
+    case = next(c for c in op.spec.cases if c.expect == "ok" and not c.heavy and c.set == "boundary")
+    inputs, params = material(op).make_inputs(case, "float32", runner.case_rng(op.name, case.name, "float32"))
+    shape_class = records.problem_class(op.spec, checks.check(op.spec, inputs, params, {}, op.rules))
+    path = tmp_path / "records.jsonl"
+    for value in ("bogus", "Bitonic", 3):
+        knobs = dict(op.schedules["llvm"].defaults, sort=value)
+        path.write_text(json.dumps({"op": op.name, "dtype": "float32", "target": model.key, "shape_class": shape_class,
+                                    "case": case.name, "knobs": knobs, "status": "ok", "correct": True,
+                                    "median_s": 1e-6, "runner": "local"}) + "\n")
+        assert records.best(op, "float32", model, shape_class, path) is None, value
+    with pytest.raises(ValueError, match="sort must be one of radix, bitonic"):
+        op.plan(model, dict(op.schedules["llvm"].defaults, sort="bogus"))
+
+
+@pytest.mark.parametrize("where", ["a folder", "not utf-8"])
+def test_records_that_cannot_be_read_leave_the_calls_on_the_defaults(tmp_path, model, monkeypatch, caplog, where):
+    if where == "a folder":
+        path = tmp_path
+    else:
+        path = tmp_path / "records.jsonl"
+        path.write_bytes(bytes(range(256)) * 4)
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
+    OP.clear_call_cache()
+    inputs, params = call_inputs(16, 16, 64, 512)
+    with caplog.at_level("WARNING", logger="tvm_ops.records"):
+        out = OP.call(inputs, params, "llvm", {})
+    OP.clear_call_cache()
+    np.testing.assert_allclose(out, TESTING.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
+    assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
+    if where == "a folder":
+        assert "cannot read the tuning records" in caplog.text

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from pathlib import Path
 
 from . import targets
 from .paths import records_path
+
+log = logging.getLogger(__name__)
 
 
 def _bucket(value: int) -> int:
@@ -62,23 +65,39 @@ def _stamp(path: Path):
 
 
 def read(path: Path) -> list[dict]:
-    """The JSON-lines records of `path` ([] when missing); a torn or foreign line is skipped."""
+    """The JSON-lines records of `path` ([] when missing or unreadable, with a warning); a
+    torn, foreign or malformed line is skipped."""
     stamp = _stamp(path)
     if stamp is None:
         return []
     cached = _cache.get(str(path))
     if cached and cached[0] == stamp:
         return cached[1]
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:  # a folder, no permission: tuning records are optional
+        log.warning("cannot read the tuning records %s (%s); using the hand-tuned defaults", path, exc)
+        lines = []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in lines:
         try:
             row = json.loads(line)
-        except ValueError:
+        except ValueError:  # not JSON, or not UTF-8
             continue
-        if isinstance(row, dict) and isinstance(row.get("knobs"), dict):
+        if _well_formed(row):
             rows.append(row)
     _cache[str(path)] = (stamp, rows)
     return rows
+
+
+def _well_formed(row) -> bool:
+    """Whether a parsed line has the fields a record has, of their types (what `tune` writes)."""
+    if not isinstance(row, dict) or not isinstance(row.get("knobs"), dict):
+        return False
+    median = row.get("median_s")
+    timed = median is None or (isinstance(median, (int, float)) and not isinstance(median, bool)
+                               and math.isfinite(median) and median > 0)
+    return timed and isinstance(row.get("status"), str) and isinstance(row.get("correct", False), bool)
 
 
 def usable(op, dtype: str, model: targets.TargetModel, path: Path | None = None) -> list[dict]:
@@ -88,7 +107,18 @@ def usable(op, dtype: str, model: targets.TargetModel, path: Path | None = None)
             if r.get("op") == op.name and r.get("dtype") == dtype and r.get("target") == model.key
             and r.get("status") == "ok" and r.get("correct") and r.get("median_s")
             and r.get("runner", "local") == "local"  # measured on this machine, not an RPC board
-            and set(r["knobs"]) == set(defaults)]
+            and set(r["knobs"]) == set(defaults) and _known_values(r["knobs"], op.schedules[model.kind].candidates)]
+
+
+def _known_values(knobs: dict, candidates: dict) -> bool:
+    """Whether every knob that names a choice (a string such as a plan, a kernel or "auto";
+    any value of a knob whose candidates are all strings or all bools) is one of the schedule
+    file's candidates. Numbers may lie outside them: the plan checks those."""
+    def choice(values):
+        return all(isinstance(v, str) for v in values) or all(isinstance(v, bool) for v in values)
+
+    return all(value in candidates[name] for name, value in knobs.items()
+               if isinstance(value, str) or choice(candidates[name]))
 
 
 def best(op, dtype: str, model: targets.TargetModel, shape_class: str, path: Path | None = None) -> dict | None:

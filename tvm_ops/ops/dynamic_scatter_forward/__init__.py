@@ -26,6 +26,7 @@ from ..point_vectors import plan_vector
 from . import schedule
 from .compute import COARSE, FIXED_COLUMNS, KERNELS, SHARED_WORDS, SPLIT_PARTS, fill_computes, group_computes
 
+SORTS = ("radix", "bitonic")  # the grouping plans (the knob `sort`)
 CHUNK = 256  # points per chunk of the bitonic plan's scan
 
 
@@ -38,6 +39,8 @@ class DynamicScatterForward(Operator):
         """The seed's split of points (grouping) and voxels (filling) over the cores is the
         CPU's parallel loops and the CUDA grid; the plan sizes the reduce's channel vector
         (whole SIMD registers) and names the grouping plan."""
+        if knobs["sort"] not in SORTS:  # launch and zeroed branch on it
+            raise ValueError(f"sort must be one of {', '.join(SORTS)}, got {knobs['sort']!r}")
         plan = {"sort": knobs["sort"], "chunk": CHUNK, "tile": int(knobs["tile"])}
         if model.kind == "cuda":
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
