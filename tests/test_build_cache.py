@@ -71,7 +71,13 @@ def test_cache_round_trip_in_fresh_processes(tmp_path):
     assert {"kernels.ll", "kernels.s"} <= {p.name for p in entry.iterdir()}
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest"])
+def damage_manifest(entry: Path, change) -> None:
+    path = entry / "manifest.json"
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "manifest_no_plan",
+                                    "another_ops_entry", "a_file_in_its_place"])
 def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
     assert child(tmp_path) == 1
     (entry,) = entries(tmp_path)
@@ -80,10 +86,38 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
         library.write_bytes(library.read_bytes()[:1000])
     elif damage == "garbage":
         library.write_bytes(b"\x7fELF" + os.urandom(5000))
-    else:
+    elif damage == "delete_manifest":
         (entry / "manifest.json").unlink()
+    elif damage == "manifest_null":
+        (entry / "manifest.json").write_text("null")
+    elif damage == "manifest_no_plan":
+        damage_manifest(entry, lambda m: {k: v for k, v in m.items() if k != "plan"})
+    elif damage == "another_ops_entry":  # a whole entry of another library (its sha256 matches) under this name
+        other = build.build_entry(dispatch.default_variant(get("three_nn"), "float32", targets.resolve("llvm")),
+                                  tmp_path / "other")
+        shutil.rmtree(entry)
+        shutil.copytree(other, entry)
+    else:
+        shutil.rmtree(entry)
+        entry.write_text("not a library folder")
     assert child(tmp_path) == 1  # detected, rebuilt, and the answer is right
     assert child(tmp_path) == 0
+
+
+def test_entries_are_readable_by_every_user_of_a_shared_cache(tmp_path):
+    entry = build.build_entry(child_variant(), tmp_path)
+    assert entry.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_cache_that_cannot_be_written_gets_the_librarys_error(tmp_path, monkeypatch):
+    import errno
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(build.tempfile, "mkdtemp", full_disk)
+    with pytest.raises(tvm_ops.ExecutionFailedError, match=f"into {tmp_path}.*No space left on device"):
+        build.build_entry(child_variant(), tmp_path)
 
 
 def test_a_corrupt_library_in_the_users_build_dir_is_left_there(tmp_path):

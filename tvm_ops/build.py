@@ -164,12 +164,29 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _valid_entry(entry: Path) -> bool:
+def _valid_entry(entry: Path, variant: Variant) -> bool:
+    """Whether `entry` holds a whole library of `variant`: its manifest names the variant and
+    a plan, and lib.so has the manifest's sha256."""
     try:
-        recorded = manifest(entry)["library_sha256"]
-        return _sha256(entry / "lib.so") == recorded
-    except (OSError, ValueError, KeyError):
+        info = manifest(entry)
+        if not isinstance(info, dict) or not isinstance(info.get("plan"), dict):
+            return False
+        if (info.get("op"), info.get("dtype"), info.get("key")) != (variant.op.name, variant.dtype, variant.key):
+            return False  # another library's files under this name
+        return _sha256(entry / "lib.so") == info.get("library_sha256")
+    except (OSError, ValueError):  # missing or unreadable files, no JSON, no UTF-8
         return False
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder or a file, if it can be (what is left fails the next validity check)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def build_entry(variant: Variant, out_dir: Path) -> Path:
@@ -185,27 +202,43 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
     with tvm.transform.PassContext(opt_level=3), precise_cuda_math():
         lib = tvm.tirx.build(module, target=target)
     build_count += 1
+    try:
+        return _publish(lib, variant, str(target), linker, out_dir, entry)
+    except OSError as exc:  # a full disk, a read-only folder, another user's entry
+        from .errors import ExecutionFailedError
+
+        raise ExecutionFailedError(f"cannot write the library {entry.name} into {out_dir} ({exc}); free space "
+                                   f"there or point TVM_OPS_CACHE_DIR at a writable folder") from exc
+
+
+def _publish(lib, variant: Variant, target_spec: str, linker, out_dir: Path, entry: Path) -> Path:
+    """Write the built `lib` to a staging folder in out_dir, then rename it to `entry`."""
+    import tvm
+
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out_dir)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
     try:
+        # mkdtemp makes it private (0700): the entry it becomes is readable by every user
+        # of a shared cache, as a folder made by mkdir is
+        os.chmod(staging, 0o755)
         with precise_cuda_math():
             sources = _write_sources(lib, variant.model, staging)
         lib.export_library(str(staging / "lib.so"), fcompile=linker)
         info = {
             "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
-            "target_spec": str(target), "tvm_version": tvm.__version__, "key": variant.key,
+            "target_spec": target_spec, "tvm_version": tvm.__version__, "key": variant.key,
             "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin, "one_core": variant.one_core,
             "kernels": list(variant.op.kernel_names), "sources": sources,
             "library_sha256": _sha256(staging / "lib.so"),
         }
         (staging / "manifest.json").write_text(json.dumps(info, indent=2, default=str))
-        if entry.exists() and not _valid_entry(entry):
-            shutil.rmtree(entry, ignore_errors=True)  # a corrupt copy of ours
+        if entry.exists() and not _valid_entry(entry, variant):
+            _remove(entry)  # a corrupt copy of ours
         try:
             os.replace(staging, entry)
         except OSError:
-            if not _valid_entry(entry):
+            if not _valid_entry(entry, variant):
                 raise
             # another process published it first: keep its copy
     finally:  # also on Ctrl-C: no half-written staging directory stays behind
@@ -272,12 +305,12 @@ def find_entry(variant: Variant) -> Path | None:
     for folder in paths.search_dirs():
         entry = folder / variant.entry_name
         if entry.exists():
-            if _valid_entry(entry):
+            if _valid_entry(entry, variant):
                 return entry
-            log.warning("library %s is corrupt; %s", entry,
+            log.warning("library %s is corrupt or unreadable; %s", entry,
                         "rebuilding it" if folder == cache else "ignoring it (building into the cache)")
             if folder == cache:
-                shutil.rmtree(entry, ignore_errors=True)
+                _remove(entry)
     return None
 
 

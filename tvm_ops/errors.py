@@ -27,3 +27,10 @@ class ArchMismatchError(OpError):
     """The requested target cannot run here (no GPU for target='cuda'...)."""
 
     status = "ARCH_MISMATCH"
+
+
+class ExecutionFailedError(OpError):
+    """The environment failed the call: a library could not be written to its folder (a
+    full disk, no permission) or built."""
+
+    status = "EXECUTION_FAILED"
