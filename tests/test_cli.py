@@ -97,8 +97,17 @@ def test_bad_arguments_exit_non_zero():
 
 
 @pytest.mark.parametrize("args", [("frobnicate",), ("tune", "--op", "x", "--shape", "B2"), ("test", "--op", "nope"),
-                                  ("bench", "--repeat", "many")])
+                                  ("bench", "--repeat", "many"), ("bench", "--repeat", "0"), ("bench", "--repeat", "-1"),
+                                  ("bench", "--overhead", "--calls", "0"), ("bench", "--overhead", "--blocks", "0"),
+                                  ("build", "--dtype", "nope"), ("build", "--dtype", "float64"),
+                                  ("test", "--dtype", "float64"), ("tune", "--op", "three_nn", "--dtype", "all"),
+                                  ("tune", "--op", "three_nn", "--trials", "0"),
+                                  ("tune", "--op", "three_nn", "--timeout", "nan"),
+                                  ("bench", "--json", "/no/such/folder/bench.json"),
+                                  ("bench", "--plot", os.path.dirname(__file__)),
+                                  ("build", "--op", "voxel_pooling_forward", "--dtype", "float16")])
 def test_a_failure_exits_non_zero_with_one_line(args):
+    """Checked before anything runs: a bad value, a file the command could not write at its end."""
     done = cli(*args)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error [BAD_PARAM]")

@@ -21,7 +21,57 @@ def _ops(name: str):
 
 
 def _dtypes(op, wanted: str) -> list[str]:
-    return list(op.spec.float_dtypes) if wanted == "all" else [wanted]
+    """The dtypes of `op` that `wanted` (a dtype or "all") selects: none when it has no such one."""
+    return [dtype for dtype in op.spec.float_dtypes if wanted in ("all", dtype)]
+
+
+FLOAT_DTYPES = ("float32", "float16")
+
+
+def _dtype_or_all(text: str) -> str:
+    if text not in FLOAT_DTYPES + ("all",):
+        raise argparse.ArgumentTypeError(f"want float32, float16 or all, got {text!r}")
+    return text
+
+
+def _dtype(text: str) -> str:
+    if text not in FLOAT_DTYPES:
+        raise argparse.ArgumentTypeError(f"want float32 or float16, got {text!r}")
+    return text
+
+
+def _count(text: str) -> int:
+    """A positive integer argument (runs, calls, trials, workers)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"want a positive number of seconds, got {text!r}")
+    return value
+
+
+def _new_file(text: str) -> str:
+    """A file the command writes at its end: its folder is checked before anything runs."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text} cannot be written here (no permission or a read-only folder)")
+    return text
 
 
 def _size(text: str) -> tuple[str, int]:
@@ -39,7 +89,12 @@ def cmd_build(args) -> int:
     model = targets.resolve(args.target)
     out = Path(args.out) if args.out else paths.writable_cache_dir()
     # hand-tuned, then each tuned shape class's best, per (op, dtype)
-    todo = [v for op in _ops(args.op) for dtype in _dtypes(op, args.dtype) for v in dispatch.variants(op, dtype, model)]
+    ops = _ops(args.op)
+    todo = [v for op in ops for dtype in _dtypes(op, args.dtype) for v in dispatch.variants(op, dtype, model)]
+    if not todo:
+        from .errors import BadParamError
+
+        raise BadParamError(f"{args.op} has no {args.dtype} kernels (its dtypes: {', '.join(ops[0].spec.float_dtypes)})")
     with tqdm(todo, unit="library", desc="build", disable=None) as bar:  # no bar when not a terminal
         for variant in bar:
             bar.set_postfix_str(f"{variant.op.name} {variant.dtype}")
@@ -255,7 +310,7 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops build --target cuda:sm_90 --op three_interpolate_backward")
     b.add_argument("--target", default="llvm", help=TARGET_HELP)
     b.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    b.add_argument("--dtype", default="all", help="float32, float16 or 'all' (default)")
+    b.add_argument("--dtype", default="all", type=_dtype_or_all, help="float32, float16 or 'all' (default)")
     b.add_argument("--out", help="output directory (default: the on-disk cache that calls load from)")
     b.set_defaults(func=cmd_build)
 
@@ -263,7 +318,7 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops test --op border_align_backward --cases boundary")
     t.add_argument("--target", default="llvm", help=TARGET_HELP)
     t.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    t.add_argument("--dtype", default="all", help="float32, float16 or 'all' (default)")
+    t.add_argument("--dtype", default="all", type=_dtype_or_all, help="float32, float16 or 'all' (default)")
     t.add_argument("--cases", default="all", choices=["network", "boundary", "random", "all"])
     t.add_argument("--case", help="only this case name")
     t.set_defaults(func=cmd_test)
@@ -272,13 +327,13 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops bench --op ms_deform_attn_backward --json bench.json --plot bench.png")
     m.add_argument("--target", default="llvm", help=TARGET_HELP)
     m.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    m.add_argument("--dtype", default="float32", help="float32 (default), float16 or 'all'")
+    m.add_argument("--dtype", default="float32", type=_dtype_or_all, help="float32 (default), float16 or 'all'")
     m.add_argument("--cases", default="network", choices=["network", "boundary", "random", "all"])
     m.add_argument("--case", help="only this case name")
-    m.add_argument("--repeat", type=int, default=10, help="timed runs per case (median reported)")
+    m.add_argument("--repeat", type=_count, default=10, help="timed runs per case (median reported)")
     m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
-    m.add_argument("--json", help="also write the results to this JSON file")
-    m.add_argument("--plot", metavar="FILE.png",
+    m.add_argument("--json", type=_new_file, help="also write the results to this JSON file")
+    m.add_argument("--plot", metavar="FILE.png", type=_new_file,
                    help="also draw the results: per case our time and each peer's (log scale), with the "
                         "io efficiency (needs matplotlib: pip install 'tvm_ops[plot]')")
     m.add_argument("--functions", action="store_true",
@@ -287,8 +342,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--overhead", action="store_true",
                    help="instead: host time of a repeated tiny call per operator (numpy and torch, with "
                         "and without out=), against its kernels alone and the PyTorch peer")
-    m.add_argument("--calls", type=int, default=1000, help="--overhead: calls per block")
-    m.add_argument("--blocks", type=int, default=5, help="--overhead: blocks (the best is reported)")
+    m.add_argument("--calls", type=_count, default=1000, help="--overhead: calls per block")
+    m.add_argument("--blocks", type=_count, default=5, help="--overhead: blocks (the best is reported)")
     m.set_defaults(func=cmd_bench)
 
     u = command("tune", "search the schedule knobs of one operator; records the trials",
@@ -298,12 +353,13 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--case", help="spec case to tune on (the shape class; default: the first network case)")
     u.add_argument("--shape", action="extend", nargs="+", type=_size, metavar="SYM=SIZE",
                    help="replace sizes of the case, e.g. --shape B=2 C=8 (repeatable)")
-    u.add_argument("--dtype", default="float32", help="float32 (default) or float16")
-    u.add_argument("--trials", type=int, default=16, help="knob combinations to try, the hand-tuned one first")
-    u.add_argument("--records", help="JSON-lines records file (default: tuning.jsonl in the cache directory)")
-    u.add_argument("--timeout", type=float, default=60.0, help="seconds per candidate build (and timing cap)")
-    u.add_argument("--repeat", type=int, default=10, help="timed runs per candidate (median reported)")
-    u.add_argument("--workers", type=int, default=2, help="parallel build processes")
+    u.add_argument("--dtype", default="float32", type=_dtype, help="float32 (default) or float16")
+    u.add_argument("--trials", type=_count, default=16, help="knob combinations to try, the hand-tuned one first")
+    u.add_argument("--records", type=_new_file,
+                   help="JSON-lines records file (default: tuning.jsonl in the cache directory)")
+    u.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per candidate build (and timing cap)")
+    u.add_argument("--repeat", type=_count, default=10, help="timed runs per candidate (median reported)")
+    u.add_argument("--workers", type=_count, default=2, help="parallel build processes")
     u.add_argument("--seed", type=int, default=0, help="order of the search space")
     u.add_argument("--rpc-tracker", metavar="HOST:PORT",
                    help="measure on a server from this TVM RPC tracker instead of locally")
@@ -328,6 +384,9 @@ def main(argv=None) -> int:
     except OpError as exc:
         print(f"error [{exc.status}]: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file the command reads or writes
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
