@@ -84,9 +84,12 @@ def test_limit_zero_turns_the_cache_off(cache, monkeypatch):
     assert cache.cached_bytes() == 0
 
 
-def test_a_bad_limit_is_a_clear_error(cache, monkeypatch):
-    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "lots")
-    with pytest.raises(ValueError, match="TVM_OPS_HOST_CACHE_MB"):
+@pytest.mark.parametrize("limit", ["lots", "inf", "nan", ""])
+def test_a_bad_limit_is_a_clear_error(cache, monkeypatch, limit):
+    from tvm_ops import BadParamError
+
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", limit)
+    with pytest.raises(BadParamError, match="TVM_OPS_HOST_CACHE_MB must be a number of MiB"):
         cache.empty((SMALL,), np.float32)
 
 

@@ -45,6 +45,15 @@ def test_aarch64_model():
         targets.resolve("llvm:aarch64:0")
 
 
+@pytest.mark.parametrize("spec, why", [({"kind": "llvm", "mcpu": 5}, "mcpu must be a string"),
+                                       ({"kind": "llvm", "num-cores": 0}, "num-cores must be a positive integer"),
+                                       ({"kind": "llvm", "num-cores": "2"}, "num-cores must be a positive integer"),
+                                       (dict(AARCH64, mtriple=5), "mtriple must be a string")])
+def test_a_bad_target_dict_is_refused(spec, why):
+    with pytest.raises(tvm_ops.BadParamError, match=why):
+        targets.resolve(spec)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_op_compiles_for_aarch64(name):
     done = subprocess.run([sys.executable, "-c", AARCH64_CHILD.format(target=AARCH64), name],

@@ -61,9 +61,14 @@ def limit_bytes() -> int:
     """How many bytes of free blocks are kept ($TVM_OPS_HOST_CACHE_MB)."""
     raw = os.environ.get("TVM_OPS_HOST_CACHE_MB", "1024")
     try:
-        return max(0, int(float(raw) * (1 << 20)))
+        megabytes = float(raw)
     except ValueError:
-        raise ValueError(f"TVM_OPS_HOST_CACHE_MB must be a number of MiB, got {raw!r}") from None
+        megabytes = math.nan
+    if not math.isfinite(megabytes):
+        from .errors import BadParamError
+
+        raise BadParamError(f"TVM_OPS_HOST_CACHE_MB must be a number of MiB (0 turns the cache off), got {raw!r}")
+    return max(0, int(megabytes * (1 << 20)))
 
 
 def reused(shape: tuple, dtype) -> bool:

@@ -216,6 +216,11 @@ def from_tvm(spec: dict) -> TargetModel:
     if unknown:
         raise BadParamError(f"target {spec!r}: unsupported keys {', '.join(sorted(unknown))}")
     mtriple, mcpu, cores = spec.get("mtriple", ""), spec.get("mcpu"), spec.get("num-cores")
+    for name, value in (("mtriple", mtriple), ("mcpu", mcpu)):
+        if value is not None and not isinstance(value, str):
+            raise BadParamError(f"target {spec!r}: {name} must be a string, got {value!r}")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise BadParamError(f"target {spec!r}: num-cores must be a positive integer, got {cores!r}")
     if mtriple:
         return llvm_cpu(mtriple, mcpu or "generic", cores)
     if mcpu is None and cores is None:
