@@ -10,6 +10,7 @@ from a small table, so CUDA kernels can be built on a machine without a GPU.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ class TargetModel:
     onchip_bytes: int  # per-core cache budget (L2) or shared memory per block
     vector_bytes: int  # SIMD register width in bytes (CUDA: a warp of 4-byte lanes)
     mtriple: str = ""  # LLVM target triple; "" for this host's (x86-64) and for cuda targets
+    # LLVM features of `cpu` this machine lacks (a virtual machine may mask some, AVX-512
+    # among them): kernels are built without them, so they never hold such an instruction
+    disabled: tuple = ()
 
     @property
     def key(self) -> str:
@@ -51,7 +55,9 @@ class TargetModel:
         if self.kind == "cuda":
             return f"cuda-{self.arch}"
         machine = f"{triple_arch(self.mtriple)}-" if self.mtriple else ""
-        return f"llvm-{machine}{self.cpu}-{self.cores}c"
+        # the features built without, as a short digest (a masked VM's list is long)
+        without = f"-without-{hashlib.sha1(','.join(self.disabled).encode()).hexdigest()[:8]}" if self.disabled else ""
+        return f"llvm-{machine}{self.cpu}{without}-{self.cores}c"
 
     def lanes(self, dtype: str) -> int:
         """Vector lanes of `dtype` (float16 is computed in float32 lanes on CPUs)."""
@@ -63,17 +69,22 @@ class TargetModel:
         """The tvm.target.Target for this model (TVM imported lazily)."""
         import tvm
 
-        host = {"kind": "llvm", "mcpu": host_cpu().cpu, "num-cores": host_cpu().cores}
         if self.kind == "llvm":
             triple = {"mtriple": self.mtriple} if self.mtriple else {}
-            return tvm.target.Target({"kind": "llvm", "mcpu": self.cpu, "num-cores": self.cores, **triple})
-        return tvm.target.Target({"kind": "cuda", "arch": self.arch, "host": host})
+            return tvm.target.Target({"kind": "llvm", "mcpu": self.cpu, "num-cores": self.cores, **triple,
+                                      **self._mattr()})
+        host = host_cpu()
+        return tvm.target.Target({"kind": "cuda", "arch": self.arch, "host": {
+            "kind": "llvm", "mcpu": host.cpu, "num-cores": host.cores, **host._mattr()}})
+
+    def _mattr(self) -> dict:
+        return {"mattr": [f"-{feature}" for feature in self.disabled]} if self.disabled else {}
 
     def features(self) -> frozenset:
         """The CPU's LLVM features ("avx512f", "sse2", "neon", ...); empty for cuda."""
         if self.kind != "llvm":
             return frozenset()
-        return _llvm_features(self.mtriple, self.cpu)
+        return _llvm_features(self.mtriple, self.cpu) - frozenset(self.disabled)
 
 
 def triple_arch(mtriple: str) -> str:
@@ -164,7 +175,24 @@ def host_cpu() -> TargetModel:
     cores = _worker_count()
     # TVM's runtime uses one thread unless told; use every core, as taskDim = all cores.
     os.environ.setdefault("TVM_NUM_THREADS", str(cores))
-    return TargetModel("llvm", cpu, "", cores, _read_l2_bytes(), _read_vector_bytes())
+    disabled = lacking_features(cpu, _host_features())
+    return TargetModel("llvm", cpu, "", cores, _read_l2_bytes(), _read_vector_bytes(), "", disabled)
+
+
+def _host_features() -> dict:
+    """{LLVM feature: whether this machine's CPU has it (CPUID)}."""
+    import tvm
+
+    return dict(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")())
+
+
+def lacking_features(cpu: str, host: dict) -> tuple:
+    """The features LLVM's x86-64 `cpu` implies that `host` ({feature: present}, CPUID) lacks,
+    sorted (LLVM's tuning flags, which are no CPUID features, are never among them). LLVM
+    names the host CPU by its family and model, so a virtual machine that masks features
+    (this project's own 2-core znver4 host lacks mwaitx, pku, rdpru and wbnoinvd; another
+    could lack AVX-512) would otherwise get instructions it cannot run."""
+    return tuple(sorted(f for f in _llvm_features("", cpu) if f in host and not host[f]))
 
 
 def other_cpu(spec: str) -> TargetModel:
@@ -180,10 +208,14 @@ def other_cpu(spec: str) -> TargetModel:
                             f"(e.g. haswell, skylake-avx512, znver4)")
     if cores and (not cores.isdigit() or int(cores) < 1):
         raise BadParamError(f"target llvm:{spec}: the core count must be a positive integer, got {cores!r}")
+    host = host_cpu()
+    if mcpu == host.cpu:  # this machine's CPU: built without what it lacks, as host_cpu is
+        return TargetModel("llvm", mcpu, "", int(cores) if cores else host.cores, host.onchip_bytes,
+                           host.vector_bytes, "", host.disabled)
     has = tvm.get_global_func("target.llvm_cpu_has_feature")
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     vector = 64 if has("avx512f", target) else 32 if has("avx2", target) else 16
-    return TargetModel("llvm", mcpu, "", int(cores) if cores else host_cpu().cores, _read_l2_bytes(), vector)
+    return TargetModel("llvm", mcpu, "", int(cores) if cores else host.cores, _read_l2_bytes(), vector)
 
 
 def llvm_cpu(mtriple: str, mcpu: str = "generic", cores: int | None = None) -> TargetModel:
@@ -278,13 +310,9 @@ def missing_features(model: TargetModel) -> list[str]:
     """The features of `model`'s CPU that this host lacks (by CPUID; LLVM's tuning flags,
     which no instruction needs, are not CPUID features and are left out); ["<arch>"] for
     another architecture, [] for the host's own CPU."""
-    import tvm
-
     if model.mtriple and triple_arch(model.mtriple) != platform.machine():
         return [triple_arch(model.mtriple)]
-    if model.cpu == host_cpu().cpu:
-        return []
-    host = dict(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")())
+    host = _host_features()
     return sorted(f for f in model.features() if f in host and not host[f])
 
 
