@@ -9,6 +9,7 @@ from a small table, so CUDA kernels can be built on a machine without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -179,20 +180,27 @@ def host_cpu() -> TargetModel:
     return TargetModel("llvm", cpu, "", cores, _read_l2_bytes(), _read_vector_bytes(), "", disabled)
 
 
+@functools.lru_cache(maxsize=None)
 def _host_features() -> dict:
-    """{LLVM feature: whether this machine's CPU has it (CPUID)}."""
+    """{LLVM feature: whether this machine's CPU has it (CPUID; read once, the checked path of
+    every new call signature asks it)}."""
     import tvm
 
     return dict(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")())
 
 
+def _absent(features, host: dict) -> list[str]:
+    """The CPUID features among `features` that `host` ({feature: present}) lacks, sorted
+    (LLVM's tuning flags, which no instruction needs, are not CPUID features: never among them)."""
+    return sorted(f for f in features if f in host and not host[f])
+
+
 def lacking_features(cpu: str, host: dict) -> tuple:
-    """The features LLVM's x86-64 `cpu` implies that `host` ({feature: present}, CPUID) lacks,
-    sorted (LLVM's tuning flags, which are no CPUID features, are never among them). LLVM
-    names the host CPU by its family and model, so a virtual machine that masks features
-    (this project's own 2-core znver4 host lacks mwaitx, pku, rdpru and wbnoinvd; another
-    could lack AVX-512) would otherwise get instructions it cannot run."""
-    return tuple(sorted(f for f in _llvm_features("", cpu) if f in host and not host[f]))
+    """The features LLVM's x86-64 `cpu` implies that `host` ({feature: present}, CPUID) lacks
+    (_absent). LLVM names the host CPU by its family and model, so a virtual machine that
+    masks features (this project's own 2-core znver4 host lacks mwaitx, pku, rdpru and
+    wbnoinvd; another could lack AVX-512) would otherwise get instructions it cannot run."""
+    return tuple(_absent(_llvm_features("", cpu), host))
 
 
 def other_cpu(spec: str) -> TargetModel:
@@ -210,8 +218,7 @@ def other_cpu(spec: str) -> TargetModel:
         raise BadParamError(f"target llvm:{spec}: the core count must be a positive integer, got {cores!r}")
     host = host_cpu()
     if mcpu == host.cpu:  # this machine's CPU: built without what it lacks, as host_cpu is
-        return TargetModel("llvm", mcpu, "", int(cores) if cores else host.cores, host.onchip_bytes,
-                           host.vector_bytes, "", host.disabled)
+        return dataclasses.replace(host, cores=int(cores) if cores else host.cores)
     has = tvm.get_global_func("target.llvm_cpu_has_feature")
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     vector = 64 if has("avx512f", target) else 32 if has("avx2", target) else 16
@@ -312,8 +319,7 @@ def missing_features(model: TargetModel) -> list[str]:
     another architecture, [] for the host's own CPU."""
     if model.mtriple and triple_arch(model.mtriple) != platform.machine():
         return [triple_arch(model.mtriple)]
-    host = _host_features()
-    return sorted(f for f in model.features() if f in host and not host[f])
+    return _absent(model.features(), _host_features())
 
 
 def require_runnable(model: TargetModel) -> None:
