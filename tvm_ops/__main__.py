@@ -26,39 +26,25 @@ def _dtypes(op, wanted: str) -> list[str]:
 
 
 FLOAT_DTYPES = ("float32", "float16")
+ANY_DTYPE = FLOAT_DTYPES + ("all",)
 
 
-def _dtype_or_all(text: str) -> str:
-    if text not in FLOAT_DTYPES + ("all",):
-        raise argparse.ArgumentTypeError(f"want float32, float16 or all, got {text!r}")
-    return text
+def _positive(convert, what: str):
+    """An argparse type: `convert` of the text, refused unless a finite value above 0."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"want {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _dtype(text: str) -> str:
-    if text not in FLOAT_DTYPES:
-        raise argparse.ArgumentTypeError(f"want float32 or float16, got {text!r}")
-    return text
-
-
-def _count(text: str) -> int:
-    """A positive integer argument (runs, calls, trials, workers)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"want a positive integer, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"want a positive number of seconds, got {text!r}")
-    return value
+_count = _positive(int, "a positive integer")  # runs, calls, trials, workers
+_seconds = _positive(float, "a positive number of seconds")
 
 
 def _new_file(text: str) -> str:
@@ -94,7 +80,8 @@ def cmd_build(args) -> int:
     if not todo:
         from .errors import BadParamError
 
-        raise BadParamError(f"{args.op} has no {args.dtype} kernels (its dtypes: {', '.join(ops[0].spec.float_dtypes)})")
+        raise BadParamError(f"{args.op} has no {args.dtype} kernels "
+                            f"(its dtypes: {', '.join(ops[0].spec.float_dtypes)})")
     with tqdm(todo, unit="library", desc="build", disable=None) as bar:  # no bar when not a terminal
         for variant in bar:
             bar.set_postfix_str(f"{variant.op.name} {variant.dtype}")
@@ -310,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops build --target cuda:sm_90 --op three_interpolate_backward")
     b.add_argument("--target", default="llvm", help=TARGET_HELP)
     b.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    b.add_argument("--dtype", default="all", type=_dtype_or_all, help="float32, float16 or 'all' (default)")
+    b.add_argument("--dtype", default="all", choices=ANY_DTYPE, help="float32, float16 or 'all' (default)")
     b.add_argument("--out", help="output directory (default: the on-disk cache that calls load from)")
     b.set_defaults(func=cmd_build)
 
@@ -318,7 +305,7 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops test --op border_align_backward --cases boundary")
     t.add_argument("--target", default="llvm", help=TARGET_HELP)
     t.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    t.add_argument("--dtype", default="all", type=_dtype_or_all, help="float32, float16 or 'all' (default)")
+    t.add_argument("--dtype", default="all", choices=ANY_DTYPE, help="float32, float16 or 'all' (default)")
     t.add_argument("--cases", default="all", choices=["network", "boundary", "random", "all"])
     t.add_argument("--case", help="only this case name")
     t.set_defaults(func=cmd_test)
@@ -327,7 +314,7 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops bench --op ms_deform_attn_backward --json bench.json --plot bench.png")
     m.add_argument("--target", default="llvm", help=TARGET_HELP)
     m.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    m.add_argument("--dtype", default="float32", type=_dtype_or_all, help="float32 (default), float16 or 'all'")
+    m.add_argument("--dtype", default="float32", choices=ANY_DTYPE, help="float32 (default), float16 or 'all'")
     m.add_argument("--cases", default="network", choices=["network", "boundary", "random", "all"])
     m.add_argument("--case", help="only this case name")
     m.add_argument("--repeat", type=_count, default=10, help="timed runs per case (median reported)")
@@ -353,7 +340,7 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--case", help="spec case to tune on (the shape class; default: the first network case)")
     u.add_argument("--shape", action="extend", nargs="+", type=_size, metavar="SYM=SIZE",
                    help="replace sizes of the case, e.g. --shape B=2 C=8 (repeatable)")
-    u.add_argument("--dtype", default="float32", type=_dtype, help="float32 (default) or float16")
+    u.add_argument("--dtype", default="float32", choices=FLOAT_DTYPES, help="float32 (default) or float16")
     u.add_argument("--trials", type=_count, default=16, help="knob combinations to try, the hand-tuned one first")
     u.add_argument("--records", type=_new_file,
                    help="JSON-lines records file (default: tuning.jsonl in the cache directory)")
