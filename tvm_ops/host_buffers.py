@@ -73,7 +73,11 @@ def limit_bytes() -> int:
 
 def reused(shape: tuple, dtype) -> bool:
     """Whether empty() takes an array of this shape and dtype from the reused blocks."""
-    return math.prod(shape) * np.dtype(dtype).itemsize >= MIN_BYTES and limit_bytes() > 0
+    return _reuses(math.prod(shape) * np.dtype(dtype).itemsize)
+
+
+def _reuses(nbytes: int) -> bool:
+    return nbytes >= MIN_BYTES and limit_bytes() > 0
 
 
 def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
@@ -83,7 +87,7 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES) and not line_aligned:
         return np.empty(shape, dtype)
-    if nbytes < MIN_BYTES or limit_bytes() == 0:  # reused() without its second size sum
+    if not _reuses(nbytes):
         return _on_a_line(shape, dtype, nbytes)
     block = _take(nbytes)
     if block is None:

@@ -110,7 +110,6 @@ class CallPlan:
         op.launch(self.kernels, problem, tensors)
         return returned(op, outputs)
 
-
     def _workspaces(self) -> dict:
         """{name: workspace}: views of a new block, or of this thread's block of the previous
         call of this plan (reuses_workspaces)."""
