@@ -24,10 +24,28 @@ def make(n, h, w, c, layout="inside", dtype=np.float32, seed=0):
 
 
 def check(feat, boxes, pool, output, argmax, dtype="float32"):
-    ref_out, ref_arg = TESTING.forward_reference(feat, boxes, pool)
+    ref_out, _ = TESTING.forward_reference(feat, boxes, pool)
     acc = metrics.accuracy(np.asarray(output), ref_out, dtype)
     assert acc.failures(OP.spec.accuracy[dtype]) == [], str(acc)
-    assert np.array_equal(np.asarray(argmax), ref_arg)
+    # samples are compared in float32: a few float32 roundings of the inputs' magnitude
+    tolerance = 8 * np.finfo(np.float32).eps * max(1.0, float(np.abs(np.asarray(feat, np.float64)).max()))
+    misses = TESTING.argmax_misses(feat, boxes, pool, argmax, tolerance)
+    assert not misses.any(), f"{misses.sum()} argmax elements differ from the reference beyond a float32 tie"
+
+
+def test_argmax_check_accepts_float32_near_ties_only():
+    # a float32 random shape (seed 61884) where one element's two best samples differ by
+    # less than float32 resolves: the kernel's first maximal sample is not the float64 one's
+    feat, boxes = make(2, 6, 3, 40, "inside", seed=61884)
+    output, argmax = tvm_ops.border_align_forward(feat, boxes, 14)
+    _, first = TESTING.forward_reference(feat, boxes, 14)
+    assert np.count_nonzero(argmax != first) == 1
+    check(feat, boxes, 14, output, argmax)
+    wrong = argmax.copy()
+    flat = np.flatnonzero(argmax == first)[0]
+    wrong.flat[flat] = (wrong.flat[flat] + 1) % 15  # another sample: not a tie on random input
+    with pytest.raises(AssertionError, match="1 argmax elements differ"):
+        check(feat, boxes, 14, output, wrong)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

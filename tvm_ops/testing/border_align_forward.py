@@ -27,14 +27,22 @@ def forward_reference(feat, boxes, pool_size):
     """float64 numpy, from docs/semantics.md: per sample the bilinear value (0 outside
     [-1, H] x [-1, W]), then the running max over i = 0..pool_size where a strictly greater
     value replaces. Sample positions: the shared float32 expression (border_sample)."""
+    best = argmax = None
+    for i, value in enumerate(sample_values(feat, boxes, pool_size)):
+        take = (value > best) if i else np.ones(value.shape, bool)
+        best = np.where(take, value, 0.0 if best is None else best)
+        argmax = np.where(take, i, 0 if argmax is None else argmax).astype(np.int32)
+    return best, argmax
+
+
+def sample_values(feat, boxes, pool_size):
+    """Per sample i = 0..pool_size, its float64 bilinear values [N, K, 4, C]."""
     f = np.asarray(feat, np.float64)
     n, h, w, q = f.shape
     c = q // 4
     bx = np.asarray(boxes).astype(np.float32)  # positions in float32, as the contract states
     k = bx.shape[1]
     x0, y0, x1, y1 = (bx[..., j, None, None] for j in range(4))  # [N, K, 1, 1]
-    best = np.zeros((n, k, 4, c))
-    argmax = np.zeros((n, k, 4, c), np.int32)
     col = np.arange(4)[:, None] * c + np.arange(c)[None, :]  # [4, C]
     nn = np.arange(n)[:, None, None, None]
     for i in range(pool_size + 1):
@@ -51,11 +59,20 @@ def forward_reference(feat, boxes, pool_size):
         ly, lx = np.where(ytop, 0.0, y - yi), np.where(xtop, 0.0, x - xi)
         value = ((1 - ly) * (1 - lx) * f[nn, y_low, x_low, col] + (1 - ly) * lx * f[nn, y_low, x_high, col]
                  + ly * (1 - lx) * f[nn, y_high, x_low, col] + ly * lx * f[nn, y_high, x_high, col])
-        value = np.where(ok, value, 0.0)
-        take = (value > best) if i else np.ones(value.shape, bool)
-        best = np.where(take, value, best)
-        argmax = np.where(take, i, argmax).astype(np.int32)
-    return best, argmax
+        yield np.where(ok, value, 0.0)
+
+
+def argmax_misses(feat, boxes, pool_size, argmax, tolerance):
+    """Elements [N, K, 4, C] whose argmax is not the float64 reference's first maximal sample,
+    unless its sample's value is within `tolerance` of that maximum: the kernels sample and
+    compare in float32, where a near-tie may round either way."""
+    values = np.stack(list(sample_values(feat, boxes, pool_size)), axis=-1)  # [N, K, 4, C, S]
+    best, first = forward_reference(feat, boxes, pool_size)
+    argmax = np.asarray(argmax)
+    inside = (argmax >= 0) & (argmax <= pool_size)
+    picked = np.take_along_axis(values, np.clip(argmax, 0, pool_size)[..., None], -1)[..., 0]
+    near_tie = inside & (np.abs(picked - best) <= tolerance)
+    return (argmax != first) & ~near_tie
 
 
 def peers(inputs, params):
