@@ -18,15 +18,13 @@ from __future__ import annotations
 
 def serial_kernel(func):
     """`func` (a scheduled PrimFunc) with every parallel loop serial and, if it had one, its
-    buffer parameters declared aligned to their element only.
+    buffer parameters declared aligned to their element only (element_aligned).
 
-    The alignment: TVM declares a parameter's data 64-byte aligned, which the call path does
-    not promise (numpy views start anywhere). A parallel loop's body reads its buffers through
-    the launch's closure, where LLVM knows nothing of their alignment; made serial, the same
-    body sits in the function whose parameters carry the declaration, and LLVM then used
-    aligned vector moves on a misaligned output and folded a kernel's own alignment test
+    Why the alignment: a parallel loop's body reads its buffers through the launch's
+    closure, where LLVM knows nothing of their alignment; made serial, the same body sits in
+    the function whose parameters carry TVM's 64-byte declaration, and LLVM then used aligned
+    vector moves on a misaligned output and folded a kernel's own alignment test
     (border_align_backward's streamed stores) to true."""
-    import tvm
     import tvm_ffi
     from tvm import tirx
 
@@ -36,7 +34,24 @@ def serial_kernel(func):
         return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
                         loop.thread_binding, loop.annotations, loop.step, loop.span)
 
-    def element_aligned(function, mutator):
+    serial_func = tvm_ffi.structural_map(func, (tirx.For, serial))
+    if serial_func.same_as(func):
+        return func  # no parallel loop: the kernel as it is
+    return element_aligned(serial_func)
+
+
+def element_aligned(func):
+    """`func` with its buffer parameters declared aligned to their element only.
+
+    TVM declares a parameter's data 64-byte aligned, which the call path does not promise
+    (numpy views start anywhere): where LLVM can also prove a vector access's offset a
+    multiple of 64 bytes (constant row lengths), it emits aligned moves, which fault on a
+    misaligned array."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    def aligned_to_element(function, mutator):
         for param in function.params:
             if getattr(param, "data_alignment", None) is None:
                 continue  # a scalar parameter
@@ -47,7 +62,4 @@ def serial_kernel(func):
                 offset_factor=param.offset_factor))
         return mutator.default_mutate(function)
 
-    serial_func = tvm_ffi.structural_map(func, (tirx.For, serial))
-    if serial_func.same_as(func):
-        return func  # no parallel loop: the kernel as it is
-    return tvm_ffi.structural_mutate(serial_func, (tirx.PrimFunc, element_aligned))
+    return tvm_ffi.structural_mutate(func, (tirx.PrimFunc, aligned_to_element))

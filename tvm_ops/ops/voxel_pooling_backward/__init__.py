@@ -21,13 +21,14 @@ kept, and a row that is not kept stores zeros.
 from __future__ import annotations
 
 from ... import policy
+from .. import fixed_channels
 from ..base import Operator
 from . import compute, schedule
 
 
 class VoxelPoolingBackward(Operator):
     name = "voxel_pooling_backward"
-    kernel_names = ("gather",)
+    kernel_names = ("gather", *fixed_channels.names("gather"))
     recipe = schedule
 
     def plan(self, model, knobs):
@@ -47,7 +48,8 @@ class VoxelPoolingBackward(Operator):
         return compute.computes(dtype, plan, model.kind)
 
     def launch(self, kernels, problem, tensors):
-        kernels["gather"](tensors["grad_output"], tensors["pos_memo"], tensors["grad_input_features"])
+        gather = fixed_channels.pick("gather", problem.sizes["C"]) if problem.device == "cpu" else "gather"
+        kernels[gather](tensors["grad_output"], tensors["pos_memo"], tensors["grad_input_features"])
 
 
 OP = VoxelPoolingBackward()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from .. import cpu_ir
+from .. import cpu_ir, fixed_channels
 from ..prefetch import prefetch_words
 from ...host_buffers import LINE_BYTES
 
@@ -137,8 +137,12 @@ def _gather_cuda(dtype: str):
 
 
 def computes(dtype: str, plan: dict, kind: str) -> dict:
-    """{kernel name: PrimFunc} for one dtype, plan and target kind."""
+    """{kernel name: PrimFunc} for one dtype, plan and target kind: `gather` and its copies
+    with grad_output's channels fixed (fixed_channels; CUDA holds the generic kernel under
+    those names too: every library has every name, and the CUDA launch runs `gather`)."""
     if kind == "cuda":
-        return {"gather": _gather_cuda(dtype)}
-    return {"gather": _gather_cpu(dtype, plan["vec"], plan["task_points"], plan["stream"], plan["prefetch_points"],
-                                  plan["stream_min_mib"] * (1 << 20) // 4)}
+        gather = _gather_cuda(dtype)
+        return {"gather": gather, **dict.fromkeys(fixed_channels.names("gather"), gather)}
+    gather = _gather_cpu(dtype, plan["vec"], plan["task_points"], plan["stream"], plan["prefetch_points"],
+                         plan["stream_min_mib"] * (1 << 20) // 4)
+    return {"gather": gather, **fixed_channels.copies("gather", gather, {0: (("B", "Y", "X", "C"), dtype)})}

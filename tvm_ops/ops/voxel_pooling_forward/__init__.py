@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ... import policy
 from ...errors import BadParamError
+from .. import fixed_channels
 from ..base import Operator
 from . import compute, schedule
 
@@ -64,7 +65,7 @@ def first_touch(sizes: dict, plan: dict) -> bool:
 
 class VoxelPoolingForward(Operator):
     name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", "pool", "pool_first_touch", "sort_points", "segment_sum")
+    kernel_names = ("pos_memo", *compute.POOLS, "sort_points", "segment_sum")
     recipe = schedule
 
     def plan(self, model, knobs):
@@ -118,7 +119,7 @@ class VoxelPoolingForward(Operator):
             kernels["segment_sum"](feat, start, order, out)
             return
         if problem.device == "cpu":  # every channel, R bands per batch
-            pool = "pool_first_touch" if first_touch(s, plan) else "pool"
+            pool = fixed_channels.pick("pool_first_touch" if first_touch(s, plan) else "pool", s["C"])
             kernels[pool](geom, feat, out, p["num_voxel_z"], row_bands(s, plan))
             return
         kernels["pool"](geom, feat, out, p["num_voxel_z"])

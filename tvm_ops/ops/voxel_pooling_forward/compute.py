@@ -10,9 +10,11 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
+from .. import fixed_channels
+
 CUDA_LANES = 32
-EVERY_ROW = False
-FEAT_SELECT = False  # CUDA: a warp's lanes walk a point's channels this many apart
+# the CPU's pool kernels (first-touch or not) and their fixed-channel copies
+POOLS = ("pool", "pool_first_touch", *fixed_channels.names("pool"), *fixed_channels.names("pool_first_touch"))
 
 
 def _pos_memo():
@@ -239,11 +241,14 @@ def _pool_warp(dtype: str, L: int):
 
 def computes(dtype: str, V: int, kind: str) -> dict:
     """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
-    # every library holds every kernel name; the CUDA launch never calls the CPU-only sort
-    # and first-touch pool
+    # every library holds every kernel name; the CUDA launch never calls the CPU-only sort,
+    # first-touch pool and fixed-channel copies (fixed_channels)
     shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
     if kind == "cuda":
         pool = _pool_warp(dtype, V)
-        return {"pool": pool, "pool_first_touch": pool, **shared}
-    return {"pool": _pool_bands(dtype, V, first_touch=False),
-            "pool_first_touch": _pool_bands(dtype, V, first_touch=True), **shared}
+        return {name: pool for name in POOLS} | shared
+    pools = {"pool": _pool_bands(dtype, V, first_touch=False), "pool_first_touch": _pool_bands(dtype, V, first_touch=True)}
+    fixed = {}
+    for name, func in pools.items():  # geom [B, N, 3], then feat [B, N, C]
+        fixed |= fixed_channels.copies(name, func, {1: (("B", "N", "C"), dtype)})
+    return pools | fixed | shared

@@ -1,0 +1,78 @@
+"""Fixed-channel copies of the voxel pooling kernels (ops/fixed_channels.py): the generic
+kernel's bits on arrays that start anywhere (numpy's keep no 64-byte alignment, which a
+constant row length would let LLVM assume), and launch runs a copy only at its channel count."""
+
+import numpy as np
+import pytest
+
+from tvm_ops import checks, dispatch, targets
+from tvm_ops.ops import get
+from tvm_ops.ops.fixed_channels import FIXED_CHANNELS
+from tvm_ops.tuning.tune import trace_launch
+
+CPU = targets.resolve("llvm")
+FORWARD, BACKWARD = get("voxel_pooling_forward"), get("voxel_pooling_backward")
+B, N, Y, X, Z = 2, 3000, 12, 10, 1
+
+
+def misaligned(array: np.ndarray) -> np.ndarray:
+    """A copy of `array` starting 4 bytes past a cache line."""
+    raw = np.empty(array.nbytes + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + 4
+    view = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    view[...] = array
+    return view
+
+
+def points(channels: int, seed: int):
+    """geom [B, N, 3] with about a third of the points outside the grid, features [B, N, C]."""
+    rng = np.random.default_rng(seed)
+    geom = np.stack([rng.integers(-2, X + 2, (B, N)), rng.integers(-2, Y + 2, (B, N)),
+                     rng.integers(-1, Z + 1, (B, N))], -1).astype(np.int32)
+    return geom, rng.standard_normal((B, N, channels)).astype(np.float32)
+
+
+@pytest.mark.parametrize("channels", FIXED_CHANNELS)
+@pytest.mark.parametrize("pool", ["pool", "pool_first_touch"])
+@pytest.mark.parametrize("bands", [1, 2])
+def test_forward_copies_give_the_generic_bits_on_misaligned_arrays(pool, channels, bands):
+    geom, feat = points(channels, channels + bands)
+    kernels = dispatch.kernels(FORWARD, "float32", CPU)
+    results = []
+    for name in (pool, f"{pool}_c{channels}"):
+        out = misaligned(np.full((B, Y, X, channels), np.nan, np.float32))
+        kernels[name](misaligned(geom), misaligned(feat), out, Z, bands)
+        results.append(out)
+    assert np.isfinite(results[1]).all() and np.abs(results[1]).sum() > 0  # every row written, points summed
+    assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("channels", FIXED_CHANNELS)
+def test_backward_copies_give_the_generic_bits_on_misaligned_arrays(channels):
+    geom, _ = points(channels, channels)
+    kept = (geom[..., 0] >= 0) & (geom[..., 0] < X) & (geom[..., 1] >= 0) & (geom[..., 1] < Y)
+    memo = np.where(kept[..., None], np.stack([np.broadcast_to(np.arange(B)[:, None], (B, N)), geom[..., 1],
+                                               geom[..., 0]], -1), -1).astype(np.int32)
+    grad = np.random.default_rng(channels).standard_normal((B, Y, X, channels)).astype(np.float32)
+    kernels = dispatch.kernels(BACKWARD, "float32", CPU)
+    results = []
+    for name in ("gather", f"gather_c{channels}"):
+        out = misaligned(np.full((B, N, channels), np.nan, np.float32))
+        kernels[name](misaligned(grad), misaligned(memo), out)
+        results.append(out)
+    expected = np.where(kept[..., None], grad[np.arange(B)[:, None], np.maximum(geom[..., 1], 0) % Y,
+                                              np.maximum(geom[..., 0], 0) % X], 0)
+    assert np.array_equal(results[1], expected) and np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("channels", [*FIXED_CHANNELS, 48, 81])
+def test_launch_runs_a_copy_only_at_its_channel_count(channels):
+    geom, feat = points(channels, 0)
+    forward = checks.check(FORWARD.spec, {"geom_xyz": geom, "input_features": feat},
+                           {"num_voxel_x": X, "num_voxel_y": Y, "num_voxel_z": Z}, {}, FORWARD.rules)
+    backward = checks.check(BACKWARD.spec, {"grad_output": np.zeros((B, Y, X, channels), np.float32),
+                                            "pos_memo": geom}, {}, {}, BACKWARD.rules)
+    launched = [name for op, problem in ((FORWARD, forward), (BACKWARD, backward))
+                for name, _ in trace_launch(op, problem, dispatch.kernels(op, "float32", CPU).plan)]
+    suffix = f"_c{channels}" if channels in FIXED_CHANNELS else ""
+    assert launched[1:] == [f"pool{suffix}", f"gather{suffix}"]  # after pos_memo (N >= 4 points a row: no first touch)
