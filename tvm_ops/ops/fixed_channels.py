@@ -3,9 +3,10 @@
 A kernel that moves a feature row per point in channel vectors (voxel pooling's adds and
 copies) runs that row as a loop of C / V vector steps when C is symbolic: a loop whose trip
 count LLVM learns per point, with its remainder handling. With C a constant
-(PrimFunc.specialize) the steps become straight-line code whose loads issue together: 20-40%
+(PrimFunc.specialize) the steps become straight-line code whose loads issue together: 20-30%
 faster on those kernels at BEVDepth's C = 80, the same arithmetic in the same order
-(docs/kernels/voxel_pooling_forward.md, voxel_pooling_backward.md). So their libraries also
+(docs/kernels/voxel_pooling_forward.md, voxel_pooling_backward.md; ms_deform_attn does the
+same for one C through its `fixed_c` knob). So their libraries also
 hold copies for the channel counts of the networks they serve, and launch runs the copy
 whose C matches (`pick`), the generic kernel for any other C. The copies declare their
 buffers aligned to their element only (one_core.element_aligned).
