@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from .spec import DTYPES
+
 TARGET_HELP = ("llvm (the host CPU, default), llvm:MCPU[:CORES] (another x86-64 CPU, e.g. a board "
                "reached over RPC), llvm:aarch64[:CORES] (a generic 64-bit Arm CPU), cuda (the local GPU's arch, else sm_80) or cuda:sm_XX")
 
@@ -25,7 +27,7 @@ def _dtypes(op, wanted: str) -> list[str]:
     return [dtype for dtype in op.spec.float_dtypes if wanted in ("all", dtype)]
 
 
-FLOAT_DTYPES = ("float32", "float16")
+FLOAT_DTYPES = tuple(d for d in DTYPES if d.startswith("float"))  # as OpSpec.float_dtypes picks them
 ANY_DTYPE = FLOAT_DTYPES + ("all",)
 
 

@@ -22,14 +22,18 @@ from ..one_core import element_aligned
 FIXED_CHANNELS = (64, 80)
 
 
+def _name(kernel: str, channels: int) -> str:
+    return f"{kernel}_c{channels}"
+
+
 def names(kernel: str) -> tuple:
     """The kernel's fixed-channel copies' names."""
-    return tuple(f"{kernel}_c{channels}" for channels in FIXED_CHANNELS)
+    return tuple(_name(kernel, channels) for channels in FIXED_CHANNELS)
 
 
 def pick(kernel: str, channels: int) -> str:
     """The kernel that runs a call with `channels` channels: its fixed copy, or itself."""
-    return f"{kernel}_c{channels}" if channels in FIXED_CHANNELS else kernel
+    return _name(kernel, channels) if channels in FIXED_CHANNELS else kernel
 
 
 def copies(kernel: str, func, buffers: dict) -> dict:
@@ -51,4 +55,4 @@ def copies(kernel: str, func, buffers: dict) -> dict:
         # TVM's declaration of every buffer's alignment, which numpy arrays do not keep
         return element_aligned(specialized)
 
-    return {name: fixed(channels) for name, channels in zip(names(kernel), FIXED_CHANNELS)}
+    return {_name(kernel, channels): fixed(channels) for channels in FIXED_CHANNELS}

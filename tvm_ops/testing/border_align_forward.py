@@ -27,11 +27,19 @@ def forward_reference(feat, boxes, pool_size):
     """float64 numpy, from docs/semantics.md: per sample the bilinear value (0 outside
     [-1, H] x [-1, W]), then the running max over i = 0..pool_size where a strictly greater
     value replaces. Sample positions: the shared float32 expression (border_sample)."""
-    best = argmax = None
-    for i, value in enumerate(sample_values(feat, boxes, pool_size)):
-        take = (value > best) if i else np.ones(value.shape, bool)
-        best = np.where(take, value, 0.0 if best is None else best)
-        argmax = np.where(take, i, 0 if argmax is None else argmax).astype(np.int32)
+    return _running_max(sample_values(feat, boxes, pool_size))
+
+
+def _running_max(values):
+    """(max, first index reaching it) over the samples' values in turn: sample 0 starts, a
+    strictly greater value replaces (so a NaN sample 0 stays)."""
+    values = iter(values)
+    best = next(values)
+    argmax = np.zeros(best.shape, np.int32)
+    for i, value in enumerate(values, 1):
+        take = value > best
+        best = np.where(take, value, best)
+        argmax = np.where(take, i, argmax).astype(np.int32)
     return best, argmax
 
 
@@ -66,8 +74,9 @@ def argmax_misses(feat, boxes, pool_size, argmax, tolerance):
     """Elements [N, K, 4, C] whose argmax is not the float64 reference's first maximal sample,
     unless its sample's value is within `tolerance` of that maximum: the kernels sample and
     compare in float32, where a near-tie may round either way."""
-    values = np.stack(list(sample_values(feat, boxes, pool_size)), axis=-1)  # [N, K, 4, C, S]
-    best, first = forward_reference(feat, boxes, pool_size)
+    samples = list(sample_values(feat, boxes, pool_size))
+    best, first = _running_max(samples)
+    values = np.stack(samples, axis=-1)  # [N, K, 4, C, S]
     argmax = np.asarray(argmax)
     inside = (argmax >= 0) & (argmax <= pool_size)
     picked = np.take_along_axis(values, np.clip(argmax, 0, pool_size)[..., None], -1)[..., 0]
