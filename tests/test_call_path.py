@@ -267,6 +267,28 @@ def test_an_out_buffer_that_aliases_an_input_is_refused():
         tvm_ops.ms_deform_attn_backward(**inputs, **params, out=(grad_value, None, grad_attn))
 
 
+def test_overlaps_are_found_whoever_owns_the_memory():
+    from tvm_ops.interop import first_overlap
+
+    owner, buffer = np.zeros(64, np.float32), bytearray(256)
+    on_bytes, again_on_bytes = np.frombuffer(buffer, np.float32), np.frombuffer(buffer, np.float32)
+    assert first_overlap([owner[:8], owner[4:12]], 1) == (0, 1)
+    assert first_overlap([owner[:8].reshape(2, 4), owner[::7]], 1) == (0, 1)
+    assert first_overlap([on_bytes[:8], again_on_bytes[6:9]], 1) == (0, 1)  # one buffer, two arrays
+    assert first_overlap([np.zeros(8), owner[:8], on_bytes[:8], np.ones(3), owner[8:]], 2) is None
+    assert first_overlap([np.zeros(8), owner[:8], np.ones(3), on_bytes[1:], owner[7:9]], 2) == (1, 4)
+
+
+@requires_torch
+def test_an_overlap_through_a_torch_tensor_is_found():
+    import torch
+    from tvm_ops.interop import first_overlap
+
+    shared = torch.zeros(16)
+    assert first_overlap([shared.numpy()[:4], shared.numpy()[3:]], 1) == (0, 1)
+    assert first_overlap([np.zeros(4), shared.numpy()[:4], np.zeros(2), shared.numpy()[3:]], 2) == (1, 3)
+
+
 @pytest.mark.parametrize("value", [2**31, 2**32 + 10, 2**40])
 def test_integer_parameters_beyond_int32_are_refused(value):
     op = get("border_align_backward")

@@ -274,9 +274,14 @@ def first_overlap(tensors: list, first: int):
     """(i, j), i < first and i < j, of the first two tensors (all of one kind) that may share
     memory, or None."""
     if isinstance(tensors[0], np.ndarray):
+        # telling owners apart (~0.15 us a tensor) pays where there are more pairs than tensors
+        pairs = first * len(tensors) - first * (first + 1) // 2
+        owners = [_own_allocation(t) for t in tensors] if pairs > len(tensors) else [None] * len(tensors)
         for i in range(first):
             for j in range(i + 1, len(tensors)):
-                if np.may_share_memory(tensors[i], tensors[j]):  # bounds only: cheap
+                if owners[i] is not None and owners[j] is not None and owners[i] is not owners[j]:
+                    continue  # two live allocations of numpy's own: disjoint
+                if np.may_share_memory(tensors[i], tensors[j]):  # bounds only, but ~0.35 us a pair
                     return i, j
         return None
     ranges = [_torch_range(t) for t in tensors]  # each tensor's byte range, once
@@ -287,6 +292,14 @@ def first_overlap(tensors: list, first: int):
             if start < other[1] and other[0] < end and device == other[2]:
                 return i, j
     return None
+
+
+def _own_allocation(array: np.ndarray):
+    """The ndarray whose own allocation holds `array`'s elements (numpy points a view's base
+    at the array owning its memory), or None where the memory is another object's: a bytes
+    buffer, a memory map, a torch tensor, a C library's."""
+    owner = array if array.base is None else array.base
+    return owner if isinstance(owner, np.ndarray) and owner.flags.owndata else None
 
 
 def _torch_range(t) -> tuple:
