@@ -214,6 +214,21 @@ def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
         assert ".approx" not in ptx and ".ftz" not in ptx
 
 
+def test_a_library_holds_the_kernels_its_target_launches():
+    # three_interpolate_backward declares five kernels: the CPU's owners and CUDA's atomic
+    # scatter and float16 cast; a CPU library holds the owners alone, and says so
+    from tvm_ops.ops.three_interpolate_backward.compute import OWNER_KERNELS, SCATTER
+
+    op = get("three_interpolate_backward")
+    variant = dispatch.default_variant(op, "float32", targets.resolve("llvm"))
+    entry = build.find_or_build(variant)
+    kernels = build.load(entry, op)
+    assert list(kernels) == build.manifest(entry)["kernels"] == list(OWNER_KERNELS)
+    assert set(op.kernel_names) > set(kernels)
+    with pytest.raises(KeyError, match=f"no kernel '{SCATTER}' in this library"):
+        kernels[SCATTER]
+
+
 def test_border_align_takes_per_sample_adds_without_avx512():
     # per_position's lookup is AVX-512's vpermps: an AVX2 CPU's plan falls back to per_sample
     border, haswell = get("border_align_backward"), targets.resolve("llvm:haswell")

@@ -194,3 +194,35 @@ def test_torch_tensors_in_torch_tensors_out():
     assert all(isinstance(r, torch.Tensor) for r in result)
     for e, r in zip(expected, result):
         np.testing.assert_array_equal(e, r.numpy())
+
+
+@pytest.mark.parametrize("kind, knobs", [("llvm", {}), ("llvm", {"sort": "bitonic"}), ("cuda", {})], ids=str)
+@pytest.mark.parametrize("points, channels, columns", [(100, 128, 3), (4000, 5, 4), (4000, 16, 6), (10, 1, 1)])
+@pytest.mark.parametrize("reduce_type", ["max", "sum", "mean"])
+def test_count_and_launch_ask_only_for_kernels_the_library_holds(kind, knobs, points, channels, columns, reduce_type):
+    """Each target's library builds only the kernels its plan runs (a GPU-less check of the
+    CUDA call): count and launch run with kernels that record their names, over every branch
+    (serial or two-core radix grouping, fixed columns, reduce widths)."""
+    import dataclasses
+
+    from tvm_ops import build, checks
+
+    model = targets.resolve("llvm") if kind == "llvm" else targets.cuda("sm_90")
+    plan = OP.plan(model, dict(OP.schedules[kind].defaults, **knobs))
+    held = OP.computes("float32", plan, model)
+    calls = []
+    kernels = build.Kernels({name: (lambda name: lambda *args: calls.append(name))(name) for name in held})
+    kernels.plan = plan
+    feats, coors = np.zeros((points, channels), np.float32), np.zeros((points, columns), np.int32)
+    problem = checks.check(OP.spec, {"feats": feats, "coors": coors}, {"reduce_type": reduce_type}, {}, OP.rules)
+    if kind == "cuda":
+        problem = dataclasses.replace(problem, kind="torch", device="cuda")
+    tensors = {"feats": feats, "coors": coors}
+    tensors |= {name: np.zeros(shape, dtype) for name, (shape, dtype) in OP.workspaces(problem, plan).items()}
+    voxels = 3
+    tensors["count"][0] = voxels  # what the (recording) grouping kernels would have counted
+    assert OP.count(kernels, problem, tensors) == {"M": voxels}
+    tensors |= {"voxel_feats": np.zeros((voxels, channels), np.float32), "voxel_coors": np.zeros((voxels, columns), np.int32),
+                "point2voxel_map": np.zeros(points, np.int32), "voxel_points_count": np.zeros(voxels, np.int32)}
+    OP.launch(kernels, problem, tensors)  # a kernel the library lacks: KeyError
+    assert calls[-1].startswith(f"reduce_{reduce_type}") and set(calls) <= set(held)

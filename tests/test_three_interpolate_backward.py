@@ -58,10 +58,19 @@ def test_out_of_range_indices_contribute_nothing_even_with_nan_weights():
 @pytest.mark.parametrize("c", [1, 3, 4, 5, 17, 40])
 def test_narrow_and_wide_kernels_agree_with_the_reference(c, dtype):
     # every CPU kernel (launch picks one by C, N and M), with tails of N, M and of a channel
-    # vector; and the scatter and cast computes, CUDA's kernels, run serially here (atomics apart)
-    from tvm_ops import dispatch, targets
+    # vector; and the scatter and cast computes, CUDA's kernels, built here as written: serial
+    # (atomics apart)
+    import tvm
 
-    kernels = dispatch.kernels(OP, dtype, targets.resolve("llvm"))
+    from tvm_ops import dispatch, targets
+    from tvm_ops.ops.three_interpolate_backward.compute import cast_compute, scatter_compute
+
+    model = targets.resolve("llvm")
+    kernels = dict(dispatch.kernels(OP, dtype, model))
+    as_written = tvm.IRModule({name: compute(dtype, name).with_attr("global_symbol", name)
+                               for name, compute in ((SCATTER, scatter_compute), (CAST, cast_compute))})
+    cuda_computes = tvm.tirx.build(as_written, target=model.tvm_target())
+    kernels |= {name: cuda_computes[name] for name in (SCATTER, CAST)}
     go, idx, w = inputs(2, c, 300, 77, dtype, low=-5, high=90, seed=c)
     for name in OWNER_KERNELS:
         out = np.full((2, c, 77), np.nan, dtype)

@@ -60,6 +60,9 @@ class Variant:
         funcs = {}
         with fast_macro_lookup():
             computes = self.op.computes(self.dtype, self.plan, self.model)
+        undeclared = set(computes) - set(self.op.kernel_names)
+        if undeclared:  # launch and the RPC tracer look kernels up by the declared names
+            raise ValueError(f"{self.op.name}: computes {sorted(undeclared)} are not in its kernel_names")
         for name, func in computes.items():
             sch = tvm.s_tir.Schedule(func)
             self.op.schedule(sch, name, self.model, self.plan)
@@ -92,9 +95,10 @@ class Variant:
 def source_digest(op) -> str:
     """sha256 of the source of op's compute and schedule modules, of the module that makes
     one-core kernels and of every tvm_ops module they import, directly or not (found by
-    reading their import statements)."""
+    reading their import statements), and of the op's own module (its plan and computes
+    choose what is built; not what it imports: the call path's modules build nothing)."""
     package = type(op).__module__  # tvm_ops.ops.<op>
-    modules = _imported_modules([f"{package}.compute", f"{package}.schedule", one_core.__name__])
+    modules = _imported_modules([f"{package}.compute", f"{package}.schedule", one_core.__name__]) | {package}
     digest = hashlib.sha256()
     for name in sorted(modules):
         digest.update(name.encode() + b"\0" + _module_file(name).read_bytes() + b"\0")
@@ -199,11 +203,13 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
     target = variant.model.tvm_target()
     linker = _linker(variant.model)
     module = variant.scheduled_module()
+    built = {gv.name_hint for gv in module.get_global_vars()}
+    kernels = [name for name in variant.op.kernel_names if name in built]  # in launch order
     with tvm.transform.PassContext(opt_level=3), precise_cuda_math():
         lib = tvm.tirx.build(module, target=target)
     build_count += 1
     try:
-        return _publish(lib, variant, str(target), linker, out_dir, entry)
+        return _publish(lib, variant, str(target), linker, out_dir, entry, kernels)
     except OSError as exc:  # a full disk, a read-only folder, another user's entry
         from .errors import ExecutionFailedError
 
@@ -211,8 +217,8 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
                                    f"there or point TVM_OPS_CACHE_DIR at a writable folder") from exc
 
 
-def _publish(lib, variant: Variant, target_spec: str, linker, out_dir: Path, entry: Path) -> Path:
-    """Write the built `lib` to a staging folder in out_dir, then rename it to `entry`."""
+def _publish(lib, variant: Variant, target_spec: str, linker, out_dir: Path, entry: Path, kernels: list) -> Path:
+    """Write the built `lib` (holding `kernels`) to a staging folder in out_dir, then rename it to `entry`."""
     import tvm
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -229,7 +235,7 @@ def _publish(lib, variant: Variant, target_spec: str, linker, out_dir: Path, ent
             "op": variant.op.name, "dtype": variant.dtype, "target": variant.model.key,
             "target_spec": target_spec, "tvm_version": tvm.__version__, "key": variant.key,
             "knobs": variant.knobs, "plan": variant.plan, "origin": variant.origin, "one_core": variant.one_core,
-            "kernels": list(variant.op.kernel_names), "sources": sources,
+            "kernels": kernels, "sources": sources,
             "library_sha256": _sha256(staging / "lib.so"),
         }
         (staging / "manifest.json").write_text(json.dumps(info, indent=2, default=str))
@@ -322,9 +328,15 @@ def find_or_build(variant: Variant, out_dir: Path | None = None) -> Path:
 
 class Kernels(dict):
     """{kernel name: callable} of one library, and the plan (tile sizes, knobs) it was built with:
-    launch reads what it must match from `plan` (e.g. which kernel set a knob selected)."""
+    launch reads what it must match from `plan` (e.g. which kernel set a knob selected). A
+    library holds the kernels its target's launch can call, not necessarily every name the
+    operator declares."""
 
     plan: dict | None = None
+
+    def __missing__(self, name):
+        raise KeyError(f"no kernel {name!r} in this library (it holds {', '.join(self)}): launch asked for a "
+                       f"kernel that the computes of its target and plan do not build")
 
 
 def load(entry: Path, op) -> Kernels:
@@ -332,8 +344,15 @@ def load(entry: Path, op) -> Kernels:
     import tvm
 
     lib = tvm.runtime.load_module(str(entry / "lib.so"))
-    kernels = Kernels({name: lib[name] for name in op.kernel_names})
-    kernels.plan = manifest(entry)["plan"]
+    info = manifest(entry)
+    try:
+        kernels = Kernels({name: lib[name] for name in info["kernels"]})
+    except AttributeError as exc:  # a build whose sources changed while it ran
+        from .errors import ExecutionFailedError
+
+        raise ExecutionFailedError(f"the library {entry} lacks a kernel its manifest lists ({exc}); remove that "
+                                   f"folder and it is rebuilt") from None
+    kernels.plan = info["plan"]
     return kernels
 
 

@@ -168,9 +168,11 @@ def private_slice(sizes: dict, plan: dict) -> bool:
 
 
 def cpu_kernel_name(base: str, private: bool, sizes: dict, plan: dict) -> str:
-    """base[_private][_fixed_c]: the CPU kernel of a call (C compiled in when it matches)."""
+    """base[_private][_fixed_c]: the CPU kernel of a call (C compiled in when it matches; a
+    plan's fixed_c 0 fixes none)."""
     name = base + "_private" if private else base
-    return name + "_fixed_c" if sizes["C"] == int(plan["fixed_c"]) else name
+    fixed = int(plan["fixed_c"])
+    return name + "_fixed_c" if fixed and sizes["C"] == fixed else name
 
 
 class LevelChecks:

@@ -501,11 +501,8 @@ def _cast_func(dtype: str):
 
 def computes(dtype: str, kind: str, plan: dict, features: frozenset = frozenset()) -> dict:
     """The kernels; `features`: the CPU's LLVM features, which pick the IR of cpu_ir."""
-    # every library has the same three kernels (the loader looks up Operator.kernel_names);
-    # the CPU owners round while storing, so the CPU launch never calls `cast`
-    if kind == "cuda":
-        scatter, tail = _atomic_func(dtype, False), _atomic_func(dtype, True)
-    else:
-        knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"], plan["parallel"], features)
-        scatter, tail = _owner_func(dtype, False, *knobs), _owner_func(dtype, True, *knobs)
-    return {SCATTER: scatter, TAIL: tail, CAST: _cast_func(dtype)}
+    if kind == "cuda":  # float16 accumulates in float32, which `cast` rounds once
+        return {SCATTER: _atomic_func(dtype, False), TAIL: _atomic_func(dtype, True), CAST: _cast_func(dtype)}
+    # the CPU owners round while storing: no `cast`
+    knobs = (plan["owner_lanes"], plan["corner_adds"], plan["prefetch"], plan["parallel"], features)
+    return {SCATTER: _owner_func(dtype, False, *knobs), TAIL: _owner_func(dtype, True, *knobs)}

@@ -4,17 +4,10 @@ from .compute import CAST, SCATTER, TAIL
 
 
 def llvm(sch, kernel, model, plan):
-    if kernel in (SCATTER, TAIL):
-        # written in scheduled form: the cores take owners from a shared counter and the lane
-        # loops are vectorised in the compute (they sit inside the owner block, between its
-        # staging)
-        return
-    if kernel == CAST:
-        # not launched on the CPU (the owners round while storing); built for the uniform
-        # kernel set, kept cheap
-        n, h, _w, _q = sch.get_loops(sch.get_sblock("cast"))
-        sch.parallel(sch.fuse(n, h))
-    else:
+    # written in scheduled form: the cores take owners from a shared counter and the lane
+    # loops are vectorised in the compute (they sit inside the owner block, between its
+    # staging)
+    if kernel not in (SCATTER, TAIL):
         raise KeyError(kernel)
 
 

@@ -77,8 +77,8 @@ class BorderAlignForward(Operator):
             v = int(plan["vector"])
             borders = {f"border{suffix}": forward_compute(dtype, part, v)
                        for suffix, part in (("", "main"), ("_tail", "tail"), ("_small", "small"))}
-        else:
-            borders = {name: forward_compute(dtype) for name in ("border", "border_tail", "border_small")}
+        else:  # every channel in one kernel
+            borders = {"border": forward_compute(dtype)}
         return {**borders, "to_nhwc": to_nhwc_compute(dtype)}
 
     def launch(self, kernels, problem, tensors):

@@ -2,8 +2,8 @@
 
 Kernels: `border` (channels in whole vectors on the CPU, all channels on CUDA),
 `border_tail` (the last vector of channels when C % vector != 0) and `border_small`
-(C < vector, scalar) on the CPU (on CUDA both are `border`, never launched), and `to_nhwc`
-(a channels-first input to the layout the others read)."""
+(C < vector, scalar) on the CPU (CUDA builds `border` alone), and `to_nhwc` (a
+channels-first input to the layout the others read)."""
 
 from __future__ import annotations
 

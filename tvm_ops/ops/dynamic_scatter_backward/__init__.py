@@ -100,8 +100,12 @@ class DynamicScatterBackward(Operator):
                 "unroll_points": int(knobs["unroll_points"]), "max_owners": knobs["max_owners"]}
 
     def computes(self, dtype, plan, model):
-        widths = (plan["vec"], 1) if model.kind == "llvm" else (1, 1)
-        return {**kernel_computes(dtype), **voxel_owner_computes(dtype, widths, model.kind)}
+        scatters = kernel_computes(dtype)
+        if model.kind != "llvm" or plan.get("max_owners") != "voxels":  # max by the traceback
+            return scatters
+        # max by voxel owners: the traceback's three kernels are not launched
+        sum_mean = {name: scatters[name] for name in ("sum_scatter", "mean_scatter")}
+        return {**sum_mean, **voxel_owner_computes(dtype, (plan["vec"], 1), model.kind)}
 
     def _by_voxels(self, problem, plan) -> bool:
         return problem.device == "cpu" and plan.get("max_owners") == "voxels"

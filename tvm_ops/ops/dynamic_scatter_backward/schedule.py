@@ -43,12 +43,6 @@ def llvm(sch, kernel, model, plan):
 
 
 def cuda(sch, kernel, model, plan):
-    if kernel == "max_buckets":  # the CPU's plan: never launched on CUDA, one thread
-        sch.bind(sch.get_loops(sch.get_sblock("buckets"))[0], "threadIdx.x")
-        return
-    if kernel in ("max_voxels", "max_voxels_small"):
-        sch.bind(sch.get_loops(sch.get_sblock("voxel"))[0], "blockIdx.x")
-        return
     if kernel == "max_traceback":
         atomicize(sch, "traceback", "min")
     block = sch.get_sblock(BLOCKS.get(kernel, "scatter"))

@@ -24,7 +24,8 @@ from ...errors import BadParamError
 from ..base import Operator
 from ..point_vectors import plan_vector
 from . import schedule
-from .compute import COARSE, FIXED_COLUMNS, KERNELS, SHARED_WORDS, SPLIT_PARTS, fill_computes, group_computes
+from .compute import (COARSE, FIXED_COLUMNS, GROUP_KERNELS, KERNELS, REDUCE_WIDTHS, SHARED_WORDS, SPLIT_PARTS,
+                      fill_computes, group_computes)
 
 SORTS = ("radix", "bitonic")  # the grouping plans (the knob `sort`)
 CHUNK = 256  # points per chunk of the bitonic plan's scan
@@ -49,9 +50,11 @@ class DynamicScatterForward(Operator):
                     prefetch_points=int(knobs["prefetch_points"]), split_min_points=int(knobs["split_min_points"]))
 
     def computes(self, dtype, plan, model):
-        group = group_computes(model.kind, int(plan["tile"]))
-        if model.kind == "cuda":  # a thread per channel: every width is 1
-            return {**group, **fill_computes(dtype, (1, 1, 1), 0, model.kind)}
+        grouping = GROUP_KERNELS[plan["sort"]]  # the plan's grouping kernels alone
+        group = {name: func for name, func in group_computes(model.kind, int(plan["tile"])).items() if name in grouping}
+        if model.kind == "cuda":  # a thread per channel: one width (launch runs reduce_<type>)
+            fill = fill_computes(dtype, (1, 1, 1), 0, model.kind)
+            return {**group, **{name: func for name, func in fill.items() if not name.endswith(REDUCE_WIDTHS[1:])}}
         widths = (int(plan["vector"]), int(plan["lanes"]), 1)
         return {**group, **fill_computes(dtype, widths, int(plan["prefetch_points"]), model.kind)}
 

@@ -38,7 +38,7 @@ heads), used when C matches.
       per channel: per sample the lanes load their four corner values before using
       any, atomicAdd w_k a g into grad_value and sum their shares of the three
       channel sums, which go over the warp together (6 shuffles). Also TensorIR in
-      its scheduled form (compute.py says why); every name holds it.
+      its scheduled form (compute.py says why): `backward` alone.
 im2col_step only chunks the batch in mmcv / mlu-ops; the result does not depend
 on it, so the kernels ignore it (checked on the host).
 
@@ -77,9 +77,7 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
 
 class MsDeformAttnBackward(LevelChecks, Operator):
     name = "ms_deform_attn_backward"
-    # all four names in every library (the loader asks for all): on CUDA they are the
-    # same kernel
-    kernel_names = KERNELS
+    kernel_names = KERNELS  # CUDA builds `backward` alone
     recipe = schedule
 
     # --- kernels ------------------------------------------------------------
@@ -100,18 +98,17 @@ class MsDeformAttnBackward(LevelChecks, Operator):
 
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
-            fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under both names)
+            fixed = int(plan["fixed_c"])  # 0: no specialisation, no _fixed_c kernels (launch runs none)
             return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name, int(plan["prefetch"]),
                                                fixed if name.endswith("_fixed_c") else None,
                                                int(plan["prefetch_near_kb"]), int(plan["query_block"]))
-                    for name in KERNELS}
-        return {name: cuda_backward_compute(dtype, int(plan["threads_h"])) for name in KERNELS}
+                    for name in KERNELS if fixed or not name.endswith("_fixed_c")}
+        return {"backward": cuda_backward_compute(dtype, int(plan["threads_h"]))}
 
     def zeroed(self, problem, plan):
         return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it
 
     def launch(self, kernels, problem, tensors):
-        # on CUDA every name holds the same kernel
         name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else "backward"
         # the CPU kernels write every element of the three outputs (np.empty is fine)
         kernels[name](*(tensors[k] for k in (

@@ -1,9 +1,9 @@
 """Schedule recipes for ms_deform_attn_backward (knobs: schedules/ms_deform_attn_backward.yaml).
 
-Kernels: backward and backward_private, and their *_fixed_c twins (C compiled in). All
-are written in their scheduled form in the op module (cpu_backward_compute,
-cuda_backward_compute; knobs reach them through the plan), so neither recipe has anything
-to apply. On CUDA every name holds the same kernel.
+Kernels: backward and backward_private, and their *_fixed_c twins (C compiled in; none
+with fixed_c 0). All are written in their scheduled form in the op module
+(cpu_backward_compute, cuda_backward_compute; knobs reach them through the plan), so
+neither recipe has anything to apply. CUDA builds `backward` alone.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ matches.
       (fixed C) over (level, point, corner), channels in vectors. `forward_private` gathers
       from a contiguous copy of the slice's value rows, picked by shape (policy_llvm).
   CUDA (forward_compute, a TensorIR compute scheduled in schedule.py): a thread per output
-      element, as mmcv's im2col, a sample's four corner loads before its adds; every name
-      holds the same kernel.
+      element, as mmcv's im2col, a sample's four corner loads before its adds: `forward`
+      alone.
 No atomics: each output element is summed by one thread in (l, p, k) order, the same
 bits on every run.
 
@@ -63,11 +63,11 @@ class MsDeformAttnForward(LevelChecks, Operator):
 
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
-            fixed = int(plan["fixed_c"]) or None  # 0: no specialisation (generic code under every name)
+            fixed = int(plan["fixed_c"])  # 0: no specialisation, no _fixed_c kernels (launch runs none)
             return {name: cpu_forward_compute(dtype, plan["lanes"], "_private" in name, int(plan["query_block"]),
                                               fixed if name.endswith("_fixed_c") else None)
-                    for name in KERNELS}
-        return {name: forward_compute(dtype, cuda_fma_position(dtype)) for name in KERNELS}
+                    for name in KERNELS if fixed or not name.endswith("_fixed_c")}
+        return {"forward": forward_compute(dtype, cuda_fma_position(dtype))}
 
     def launch(self, kernels, problem, tensors):
         name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else "forward"

@@ -80,16 +80,15 @@ class ThreeInterpolateBackward(Operator):
     def computes(self, dtype, plan, model):
         wide, vector, narrow = OWNER_KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
-        kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow),
-                   SCATTER: scatter_compute(dtype, SCATTER), CAST: cast_compute(dtype, CAST)}
-        if model.kind == "llvm":
+        kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}
+        if model.kind == "llvm":  # the owners alone
             lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
             kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
             kernels[vector] = transposed_compute(dtype, lanes, 1, m_tile)
-        else:
-            kernels[wide] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, wide)
-            kernels[vector] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, vector)
-        return kernels
+            return kernels
+        kernels[wide] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, wide)
+        kernels[vector] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, vector)
+        return kernels | {SCATTER: scatter_compute(dtype, SCATTER), CAST: cast_compute(dtype, CAST)}
 
     def workspaces(self, problem, plan):
         if not _scatters(problem, plan) or problem.dtype == "float32":

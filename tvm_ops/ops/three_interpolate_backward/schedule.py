@@ -11,8 +11,6 @@ def llvm(sch, kernel, model, plan):
     # their scheduled form (compute.transposed_compute): only their tasks go parallel here.
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    if kernel in (SCATTER, CAST):  # built as written so every library has every name; never launched on the CPU
-        return
     if kernel != "three_interpolate_backward_narrow":
         (task,) = sch.get_loops(sch.get_sblock("task"))
         sch.parallel(task)

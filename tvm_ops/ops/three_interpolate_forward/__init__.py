@@ -54,8 +54,8 @@ class ThreeInterpolateForward(Operator):
 
     def computes(self, dtype, plan, model):
         portable = forward_compute(dtype, 1)
-        if model.kind != "llvm":  # CUDA: a thread per output element; the CPU's other kernels unused
-            return dict.fromkeys(KERNELS, portable)
+        if model.kind != "llvm":  # CUDA: a thread per output element, one kernel
+            return {KERNELS[0]: portable}
         return {KERNELS[0]: gather_compute(dtype, int(plan["vector"]), int(plan["c_tile"])), KERNELS[1]: portable,
                 KERNELS[2]: tiles_compute(dtype, int(plan["lanes"]), int(plan["channel_vectors"]))}
 

@@ -46,8 +46,10 @@ class ThreeNN(Operator):
         return plan_vector(model, knobs)
 
     def computes(self, dtype, plan, model):
-        lanes = int(plan["vector"]) if model.kind == "llvm" else 1
-        return {"three_nn": nn_compute(dtype, lanes, model.kind), "three_nn_small": nn_compute(dtype, 1, model.kind)}
+        if model.kind != "llvm":  # a thread per point: one kernel
+            return {"three_nn": nn_compute(dtype, 1, model.kind)}
+        return {"three_nn": nn_compute(dtype, int(plan["vector"]), model.kind),
+                "three_nn_small": nn_compute(dtype, 1, model.kind)}
 
     def launch(self, kernels, problem, tensors):
         args = [tensors[t] for t in ("unknown", "known", "dist2", "idx")]

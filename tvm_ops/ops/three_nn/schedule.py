@@ -1,8 +1,7 @@
 """Schedule recipes for three_nn (knobs: schedules/three_nn.yaml).
 
 Kernels: `three_nn` (points in vectors of plan["vector"] lanes; on CUDA a thread per point)
-and `three_nn_small` (N below the vector: one point at a time; on CUDA the same as
-`three_nn`, never launched)."""
+and, on the CPU, `three_nn_small` (N below the vector: one point at a time)."""
 
 from __future__ import annotations
 

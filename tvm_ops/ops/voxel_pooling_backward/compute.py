@@ -137,12 +137,10 @@ def _gather_cuda(dtype: str):
 
 
 def computes(dtype: str, plan: dict, kind: str) -> dict:
-    """{kernel name: PrimFunc} for one dtype, plan and target kind: `gather` and its copies
-    with grad_output's channels fixed (fixed_channels; CUDA holds the generic kernel under
-    those names too: every library has every name, and the CUDA launch runs `gather`)."""
+    """{kernel name: PrimFunc} for one dtype, plan and target kind: `gather`, and on the CPU
+    its copies with grad_output's channels fixed (fixed_channels)."""
     if kind == "cuda":
-        gather = _gather_cuda(dtype)
-        return {"gather": gather, **dict.fromkeys(fixed_channels.names("gather"), gather)}
+        return {"gather": _gather_cuda(dtype)}
     gather = _gather_cpu(dtype, plan["vec"], plan["task_points"], plan["stream"], plan["prefetch_points"],
                          plan["stream_min_mib"] * (1 << 20) // 4)
     return {"gather": gather, **fixed_channels.copies("gather", gather, {0: (("B", "Y", "X", "C"), dtype)})}

@@ -241,12 +241,11 @@ def _pool_warp(dtype: str, L: int):
 
 def computes(dtype: str, V: int, kind: str) -> dict:
     """{kernel name: PrimFunc} for one dtype, channel vector V and target kind."""
-    # every library holds every kernel name; the CUDA launch never calls the CPU-only sort,
-    # first-touch pool and fixed-channel copies (fixed_channels)
-    shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
+    # the sort plan, the first-touch pool and the fixed-channel copies (fixed_channels) are
+    # the CPU's
     if kind == "cuda":
-        pool = _pool_warp(dtype, V)
-        return {name: pool for name in POOLS} | shared
+        return {"pos_memo": _pos_memo(), "pool": _pool_warp(dtype, V)}
+    shared = {"pos_memo": _pos_memo(), "sort_points": _sort_points(), "segment_sum": _segment_sum(dtype, V)}
     pools = {"pool": _pool_bands(dtype, V, first_touch=False), "pool_first_touch": _pool_bands(dtype, V, first_touch=True)}
     fixed = {}
     for name, func in pools.items():  # geom [B, N, 3], then feat [B, N, C]

@@ -41,18 +41,6 @@ def llvm(sch, kernel, model, plan):
 
 
 def cuda(sch, kernel, model, plan):
-    if kernel == "sort_points":  # built so every library has every name; never launched on CUDA
-        bx, tx = sch.split(sch.get_loops(sch.get_sblock("sort_points"))[0], [None, 32])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        return
-    if kernel == "segment_sum":  # likewise; a thread per voxel
-        b, y, x = sch.get_loops(sch.get_sblock("segment"))
-        bx, tx = sch.split(sch.fuse(y, x), [None, plan["threads"]])
-        sch.bind(b, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        return
     if kernel == "pos_memo":  # a thread per point, its three coordinates unrolled
         b, n, c = sch.get_loops(sch.get_sblock("pos_memo"))
         bx, tx = sch.split(n, [None, plan["memo_threads"]])
@@ -61,8 +49,7 @@ def cuda(sch, kernel, model, plan):
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         return
-    # pool (pool_first_touch: the CPU's; here pool under a second name, never launched): a
-    # warp per `points_per_warp` consecutive points: batch on blockIdx.y, points over
+    # pool: a warp per `points_per_warp` consecutive points: batch on blockIdx.y, points over
     # blockIdx.x / threadIdx.y / a loop in the thread, the lanes on threadIdx.x, each lane's
     # steps over the channels a loop inside that
     b, n, lane = sch.get_loops(sch.get_sblock("pool"))
