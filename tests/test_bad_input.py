@@ -233,3 +233,52 @@ def test_wrong_inputs_get_the_library_error_or_a_result(name):
             for wrong_rank in (value[None], value.reshape(value.shape + (1,))):
                 with pytest.raises(tvm_ops.BadParamError):
                     function(**{**kwargs, key: wrong_rank})
+
+
+@requires_torch
+@pytest.mark.parametrize("function", ["three_nn", "three_interpolate", "voxel_pooling", "border_align",
+                                      "dynamic_scatter", "ms_deform_attn"])
+def test_a_torch_function_with_one_meta_input_gets_a_bad_param_error(function):
+    # any meta tensor sends a custom op to its fake implementation, which among real tensors
+    # would return uninitialised outputs
+    import torch
+    import tvm_ops.functional as tf
+
+    meta = lambda t: t.to("meta")  # noqa: E731
+    points, level = torch.rand(1, 5, 3), torch.tensor([[2, 2]])
+    calls = {
+        "three_nn": lambda: tf.three_nn(points, meta(torch.rand(1, 4, 3))),
+        "three_interpolate": lambda: tf.three_interpolate(torch.rand(1, 2, 4), meta(torch.zeros(1, 5, 3, dtype=torch.int32)),
+                                                          torch.rand(1, 5, 3)),
+        "voxel_pooling": lambda: tf.voxel_pooling(torch.zeros(1, 5, 3, dtype=torch.int32), meta(torch.rand(1, 5, 2)),
+                                                  torch.tensor([2, 2, 1])),
+        "border_align": lambda: tf.border_align(torch.rand(1, 4, 3, 3), meta(torch.tensor([[[0., 0., 1., 1.]]])), 2),
+        "dynamic_scatter": lambda: tf.dynamic_scatter(torch.rand(5, 2), meta(torch.zeros(5, 3, dtype=torch.int32))),
+        "ms_deform_attn": lambda: tf.ms_deform_attn(torch.rand(1, 4, 1, 2), level, torch.tensor([0]),
+                                                    torch.rand(1, 3, 1, 1, 1, 2), meta(torch.rand(1, 3, 1, 1, 1)), 1),
+    }
+    with pytest.raises(tvm_ops.BadParamError, match="is on meta but .* is on cpu"):
+        calls[function]()
+
+
+@requires_torch
+def test_forward_mode_ad_is_refused_rather_than_a_zero_tangent():
+    import torch
+    import torch.autograd.forward_ad as fwAD
+    import tvm_ops.functional as tf
+
+    features, weight = torch.rand(1, 2, 4), torch.rand(1, 5, 3)
+    indices = torch.zeros(1, 5, 3, dtype=torch.int32)
+    interpolate = lambda f: tf.three_interpolate(f, indices, weight)  # noqa: E731
+    for forward_mode in (lambda: torch.func.jvp(interpolate, (features,), (torch.ones_like(features),)),
+                         lambda: torch.func.jacfwd(interpolate)(features)):
+        with pytest.raises(tvm_ops.NotSupportedError, match="forward-mode AD"):
+            forward_mode()
+    with fwAD.dual_level(), pytest.raises(tvm_ops.NotSupportedError, match="forward-mode AD"):
+        interpolate(fwAD.make_dual(features, torch.ones_like(features)))
+    # reverse mode as before
+    features.requires_grad_()
+    interpolate(features).sum().backward()
+    expected = torch.zeros_like(features)
+    expected[..., 0] = weight.sum()  # every index 0: each channel's column 0 takes every weight
+    torch.testing.assert_close(features.grad, expected)

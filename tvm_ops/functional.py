@@ -6,7 +6,10 @@ implementation (shapes only, for torch.compile and meta tensors) and its backwar
 with `register_autograd`, so `torch.compile(fullgraph=True)` traces through it without a
 graph break and `torch.library.opcheck` passes. Tensors run where they live: CPU tensors on
 the LLVM kernels, CUDA tensors on the CUDA kernels. Under `torch.no_grad()` only the forward
-runs. Importing this module needs torch and nothing else; TVM loads on the first call.
+runs. Reverse mode only: a tangent reaching a differentiable input (torch.func.jvp, jacfwd,
+forward_ad) raises NotSupportedError instead of the zero a custom op would give. Meta tensors
+run the fake implementations: all of a call's tensors on meta, or a BadParamError. Importing
+this module needs torch and nothing else; TVM loads on the first call.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
+from torch._C._functorch import is_functorch_wrapped_tensor
+from torch.autograd import forward_ad
 
 from . import checks, interop
-from .errors import BadParamError
+from .errors import BadParamError, NotSupportedError
 
 __all__ = ["BorderAlign", "DynamicScatter", "MultiScaleDeformableAttnFunction", "border_align", "dynamic_scatter",
            "ms_deform_attn", "three_interpolate", "three_nn", "voxel_pooling", "voxel_pooling_train"]
@@ -61,6 +66,28 @@ def _require_int32(values: np.ndarray, name: str, function: str) -> None:
                             f"[{values.min()}, {values.max()}]; the kernels index with int32")
 
 
+def _one_device(function: str, **tensors) -> None:
+    """BadParamError unless every tensor is on one device. A fake implementation runs for a
+    call with any meta tensor: among real tensors it would return uninitialised outputs."""
+    (first, tensor), *others = tensors.items()
+    for name, other in others:
+        if other.device != tensor.device:
+            raise BadParamError(f"{function}: {name} is on {other.device} but {first} is on {tensor.device}; "
+                                f"give every tensor on one device")
+
+
+def _reverse_mode_only(function: str, *differentiable) -> None:
+    """NotSupportedError for a tangent on a differentiable input: a custom op without a
+    forward-mode formula would give a zero tangent (torch.func.jvp, jacfwd) or none
+    (torch.autograd.forward_ad), silently. Costs a module attribute read outside forward AD."""
+    if getattr(forward_ad, "_current_level", -1) < 0:  # no dual level, no functorch jvp
+        return
+    for tensor in differentiable:
+        if is_functorch_wrapped_tensor(tensor) or forward_ad.unpack_dual(tensor).tangent is not None:
+            raise NotSupportedError(f"{function}: forward-mode AD (torch.func.jvp, jacfwd, forward_ad) has no formula "
+                                    f"here; differentiate in reverse mode with autograd (backward, torch.autograd.grad)")
+
+
 # --- multi-scale deformable attention -------------------------------------------------------
 
 
@@ -77,6 +104,8 @@ def _msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tens
 
 @_msda_forward.register_fake
 def _msda_forward_shape(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step):
+    _one_device("ms_deform_attn", value=value, spatial_shapes=spatial_shapes, level_start_index=level_start_index,
+                sampling_locations=sampling_locations, attention_weights=attention_weights)
     batch, _, heads, channels = value.shape
     return value.new_empty((batch, sampling_locations.shape[1], heads, channels))
 
@@ -95,6 +124,9 @@ def _msda_backward(value: Tensor, spatial_shapes: Tensor, level_start_index: Ten
 @_msda_backward.register_fake
 def _msda_backward_shape(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                          grad_output, im2col_step):
+    _one_device("ms_deform_attn_backward", value=value, spatial_shapes=spatial_shapes,
+                level_start_index=level_start_index, sampling_locations=sampling_locations,
+                attention_weights=attention_weights, grad_output=grad_output)
     return torch.empty_like(value), torch.empty_like(sampling_locations), torch.empty_like(attention_weights)
 
 
@@ -123,6 +155,7 @@ def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Ten
     [B, Q, H, L, P] -> [B, Q, H*C]; float32. Differentiable in value, sampling_locations
     and attention_weights (the backward is tvm_ops.ms_deform_attn_backward). Sampling rule
     and checks: tvm_ops.ms_deform_attn_forward."""
+    _reverse_mode_only("ms_deform_attn", value, sampling_locations, attention_weights)
     out = _msda_forward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                         checks.int_param("ms_deform_attn", "im2col_step", im2col_step, 1))
     return out.flatten(2)
@@ -150,6 +183,7 @@ def _border_forward(input: Tensor, boxes: Tensor, pool_size: int) -> tuple[Tenso
 
 @_border_forward.register_fake
 def _border_forward_shape(input, boxes, pool_size):
+    _one_device("border_align", input=input, boxes=boxes)
     n, _, _, q = input.shape
     shape = (n, boxes.shape[1], 4, q // 4)
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
@@ -166,6 +200,7 @@ def _border_backward(grad_output: Tensor, boxes: Tensor, argmax_idx: Tensor, poo
 
 @_border_backward.register_fake
 def _border_backward_shape(grad_output, boxes, argmax_idx, pool_size, height, width):
+    _one_device("border_align_backward", grad_output=grad_output, boxes=boxes, argmax_idx=argmax_idx)
     n, _, _, c = grad_output.shape
     return grad_output.new_empty((n, height, width, 4 * c))
 
@@ -194,6 +229,7 @@ def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
     backward is tvm_ops.border_align_backward of the forward's argmax). The kernels work in
     NHWC: the input is copied into it and the result is a permuted view of the kernels'
     [N, H*W, 4, C] output. Rules: tvm_ops.border_align_forward."""
+    _reverse_mode_only("border_align", input)
     output, _ = _border_forward(input.permute(0, 2, 3, 1), boxes, _pool_size(pool_size))
     return output.permute(0, 3, 1, 2)
 
@@ -232,6 +268,7 @@ def _voxel_forward(geom_xyz: Tensor, input_features: Tensor, num_voxel_x: int, n
 
 @_voxel_forward.register_fake
 def _voxel_forward_shape(geom_xyz, input_features, num_voxel_x, num_voxel_y, num_voxel_z):
+    _one_device("voxel_pooling", geom_xyz=geom_xyz, input_features=input_features)
     batch, points, channels = input_features.shape
     return (input_features.new_empty((batch, num_voxel_y, num_voxel_x, channels)),
             geom_xyz.new_empty((batch, points, 3)))
@@ -246,6 +283,7 @@ def _voxel_backward(grad_output: Tensor, pos_memo: Tensor) -> Tensor:
 
 @_voxel_backward.register_fake
 def _voxel_backward_shape(grad_output, pos_memo):
+    _one_device("voxel_pooling_backward", grad_output=grad_output, pos_memo=pos_memo)
     batch, points, _ = pos_memo.shape
     return grad_output.new_empty((batch, points, grad_output.shape[3]))
 
@@ -282,6 +320,7 @@ def voxel_pooling(geom_xyz: Tensor, input_features: Tensor, voxel_num) -> Tensor
     torch.compile(fullgraph=True) and torch.export cannot trace that read: they need Python
     ints (a BadParamError says so; without fullgraph the call runs eagerly, a graph break).
     Rules and checks: tvm_ops.voxel_pooling_forward."""
+    _reverse_mode_only("voxel_pooling", input_features)
     num_x, num_y, num_z = _voxel_num(voxel_num)
     if geom_xyz.dim() < 2 or geom_xyz.shape[-1] != 3 or input_features.dim() != geom_xyz.dim() or \
             geom_xyz.shape[:-1] != input_features.shape[:-1]:
@@ -334,6 +373,7 @@ def _three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
 
 @_three_nn.register_fake
 def _three_nn_shape(unknown, known):
+    _one_device("three_nn", unknown=unknown, known=known)
     return unknown.new_empty(unknown.shape, dtype=torch.float32), unknown.new_empty(unknown.shape, dtype=torch.int32)
 
 
@@ -370,6 +410,7 @@ def _three_interpolate_forward(features: Tensor, indices: Tensor, weight: Tensor
 
 @_three_interpolate_forward.register_fake
 def _three_interpolate_forward_shape(features, indices, weight):
+    _one_device("three_interpolate", features=features, indices=indices, weight=weight)
     return features.new_empty((features.shape[0], features.shape[1], indices.shape[1]))
 
 
@@ -383,6 +424,7 @@ def _three_interpolate_backward(grad_output: Tensor, indices: Tensor, weight: Te
 
 @_three_interpolate_backward.register_fake
 def _three_interpolate_backward_shape(grad_output, indices, weight, m):
+    _one_device("three_interpolate_backward", grad_output=grad_output, indices=indices, weight=weight)
     return grad_output.new_empty((grad_output.shape[0], grad_output.shape[1], m))
 
 
@@ -407,6 +449,7 @@ def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tens
     weighted sum of the three indexed features; indices outside [0, M) contribute nothing.
     Differentiable in features (the backward is tvm_ops.three_interpolate_backward with
     m = M); as mmcv's, no gradient flows to weight. Rules: tvm_ops.three_interpolate_forward."""
+    _reverse_mode_only("three_interpolate", features)
     return _three_interpolate_forward(features, indices, weight)
 
 
@@ -423,6 +466,7 @@ def _scatter_forward(feats: Tensor, coors: Tensor, reduce_type: str) -> tuple[Te
 
 @_scatter_forward.register_fake
 def _scatter_forward_shape(feats, coors, reduce_type):
+    _one_device("dynamic_scatter", feats=feats, coors=coors)
     # the number of voxels depends on the coordinates' values: an unbacked symbolic size
     voxels = torch.library.get_ctx().new_dynamic_size()
     int32 = torch.int32
@@ -442,6 +486,8 @@ def _scatter_backward(grad_voxel_feats: Tensor, feats: Tensor, voxel_feats: Tens
 
 @_scatter_backward.register_fake
 def _scatter_backward_shape(grad_voxel_feats, feats, voxel_feats, point2voxel_map, voxel_points_count, reduce_type):
+    _one_device("dynamic_scatter_backward", grad_voxel_feats=grad_voxel_feats, feats=feats, voxel_feats=voxel_feats,
+                point2voxel_map=point2voxel_map, voxel_points_count=voxel_points_count)
     return torch.empty_like(feats)
 
 
@@ -473,6 +519,7 @@ def dynamic_scatter(feats: Tensor, coors: Tensor, reduce_type: str = "max") -> t
     forward saved). M depends on the values: on CUDA reading it is the call's one host
     synchronisation; under torch.compile it is an unbacked symbolic size. Rules:
     tvm_ops.dynamic_scatter_forward."""
+    _reverse_mode_only("dynamic_scatter", feats)
     voxel_feats, voxel_coors, _, _ = _scatter_forward(feats, coors, reduce_type)
     return voxel_feats, voxel_coors
 
