@@ -166,6 +166,14 @@ def test_bad_inputs_name_the_tensor(change, pattern):
         tvm_ops.ms_deform_attn_forward(*args)
 
 
+def test_a_level_table_whose_sum_wraps_int64_is_refused():
+    args = forward_args(1, [[1, 1]] * 6, 2, 1, 4, 1)  # K = 6
+    big = 2**31 - 1  # 4 big^2 + 2^34 + 2 = 2^64 + 6: an int64 sum would come back as K
+    args[1] = np.array([[big, big]] * 4 + [[2**17, 2**17], [1, 2]], np.int32)
+    with pytest.raises(tvm_ops.BadParamError, match=rf"sum\(h\*w\) of spatial_shapes = {2**64 + 6}, got 6"):
+        tvm_ops.ms_deform_attn_forward(*args)
+
+
 def test_im2col_step_must_divide_the_batch_and_zero_elements_are_refused():
     args = forward_args(6, [[2, 2]], 2, 1, 3, 1)
     with pytest.raises(tvm_ops.BadParamError, match=r"min\(B, im2col_step\) = 4 must divide value.shape\[0\] \(B\) = 6"):

@@ -194,6 +194,10 @@ def test_large_tensors_are_not_supported_without_touching_data():
     with pytest.raises(tvm_ops.NotSupportedError, match=r"grad_output has 2147483648 elements") as info:
         tvm_ops.three_interpolate_backward(huge, idx, w, 4)
     assert info.value.status == "NOT_SUPPORTED"
+    # an M just below 2^31: the owners' tile count ceil(M / m_tile) wrapped in int32, so no
+    # tile ran and the output came back unwritten; refused before any allocation
+    with pytest.raises(tvm_ops.NotSupportedError, match=r"grad_features has 2147483646 elements"):
+        tvm_ops.three_interpolate_backward(*inputs(1, 1, 4, 4), 2**31 - 2)
 
 
 def test_errors_form_one_family():

@@ -16,7 +16,9 @@ from . import interop
 from .errors import BadParamError, NotSupportedError
 from .spec import OpSpec
 
-LARGE_TENSOR = 2**31
+# the kernels index in int32, and a ceil division by a tile (n + tile - 1) must not wrap
+# either: every tensor holds fewer elements than this, so does each of its dimensions
+LARGE_TENSOR = 2**31 - 2**20
 INT32_MAX = 2**31 - 1  # integer parameters reach the kernels as int32
 
 
@@ -143,7 +145,7 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
         count = math.prod(shape)
         if count >= LARGE_TENSOR:
             raise NotSupportedError(f"{op}: {t.name} has {count} elements (shape {shape}); tensors of "
-                                    f"2^31 elements or more are not supported")
+                                    f"2^31 - 2^20 elements or more are not supported (int32 indexing)")
     # 7. zero-element rules
     zeros = [s for s in spec.zero_bad_param if sizes[s] == 0]
     if zeros:

@@ -205,4 +205,5 @@ def level_problems(values: np.ndarray):
     """(the pairs if any is negative else None, sum(h*w)) of spatial_shapes' values."""
     shapes = np.asarray(values, np.int64).reshape(-1, 2)
     negative = shapes.tolist() if (shapes < 0).any() else None
-    return negative, int((shapes[:, 0] * shapes[:, 1]).sum()) if shapes.size else 0
+    # Python ints: an int64 sum of several int32 products can wrap around onto K
+    return negative, sum(h * w for h, w in shapes.tolist())

@@ -122,7 +122,7 @@ def _torch_cat(parts):
 def grad_input_reference(grad_output, boxes, argmax_idx, pool_size, height, width):
     """float64 numpy reference written from docs/semantics.md (np.bincount scatter)."""
     go = np.asarray(grad_output, dtype=np.float64)
-    bx = np.asarray(boxes, dtype=np.float64)
+    bx = np.asarray(boxes).astype(np.float32)  # positions in float32, as the contract states
     am = np.asarray(argmax_idx).astype(np.int64)
     n, _k, _, c = go.shape
     h, w, p = int(height), int(width), int(pool_size)
@@ -130,6 +130,7 @@ def grad_input_reference(grad_output, boxes, argmax_idx, pool_size, height, widt
     with np.errstate(invalid="ignore", over="ignore"):
         ok = (am >= 0) & (am <= p)
         x, y = border_sample(x0, y0, x1, y1, np.where(ok, am, 0), p, np.where)
+        x, y = x.astype(np.float64), y.astype(np.float64)
         ok &= (y >= -1) & (y <= h) & (x >= -1) & (x <= w)        # NaN -> False
     x = np.where(ok, np.maximum(x, 0), 0)
     y = np.where(ok, np.maximum(y, 0), 0)
