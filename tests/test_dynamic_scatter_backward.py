@@ -117,11 +117,11 @@ def test_voxel_num_zero_and_below_m(reduce_type, voxel_num):
         assert not out.any()
 
 
-@pytest.mark.parametrize("form", ["int", "numpy_int", "array", "array2d", "default"])
+@pytest.mark.parametrize("form", ["int", "numpy_int", "array", "array2d", "big_endian", "default"])
 def test_voxel_num_forms(form):
     inputs, params = make(100, 60, 9, voxel_num=45)
     value = {"int": 45, "numpy_int": np.int64(45), "array": np.array([45], np.int32),
-             "array2d": np.array([[45]], np.int32), "default": None}[form]
+             "array2d": np.array([[45]], np.int32), "big_endian": np.array([45], ">i4"), "default": None}[form]
     out = tvm_ops.dynamic_scatter_backward(*(inputs[k] for k in NAMES), value)
     assert_exact(inputs, dict(params, voxel_num=60 if value is None else 45), out)
 

@@ -44,7 +44,8 @@ def voxel_num_value(voxel_num):
         return voxel_num
     if isinstance(voxel_num, np.ndarray) or hasattr(voxel_num, "__dlpack__"):
         shape = tuple(voxel_num.shape)
-        dtype = str(voxel_num.dtype).replace("torch.", "")
+        dtype = voxel_num.dtype.newbyteorder("=") if isinstance(voxel_num, np.ndarray) else voxel_num.dtype
+        dtype = str(dtype).replace("torch.", "")  # numpy's in either byte order (big-endian inputs just work)
         if dtype != "int32":
             raise BadParamError(f"dynamic_scatter_backward: voxel_num must be an int or a one-element "
                                 f"int32 array, got dtype {dtype}")
