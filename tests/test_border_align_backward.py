@@ -49,17 +49,23 @@ def test_reference_matches_a_loop_over_the_semantics_rule():
     out = np.zeros((n, h, w, 4 * c))
     for b in range(n):
         for k in range(h * w):
-            x0, y0, x1, y1 = bx[b, k].astype(np.float64)
+            x0, y0, x1, y1 = bx[b, k].astype(np.float32)
             start = [(x0, y0), (x0, y0), (x1, y1), (x1, y1)]
             end = [(x1, y0), (x0, y1), (x0, y1), (x1, y0)]
-            step = [((x1 - x0) / pool, 0), (0, (y1 - y0) / pool), (-(x1 - x0) / pool, 0), (0, -(y1 - y0) / pool)]
             for s in range(4):
                 for ch in range(c):
                     i = am[b, k, s, ch]
                     if not 0 <= i <= pool:
                         continue
-                    # the last sample is the end corner itself (start + pool * step can round past it)
-                    x, y = end[s] if i == pool else (start[s][0] + i * step[s][0], start[s][1] + i * step[s][1])
+                    # along the border's axis start + i * step, the step in float32 and the sum
+                    # rounded once to float32; the other axis keeps the start; the last sample
+                    # is the end corner itself (start + pool * step can round past it)
+                    moving = 0 if s % 2 == 0 else 1
+                    point = list(end[s] if i == pool else start[s])
+                    if i != pool:
+                        a, e = start[s][moving], end[s][moving]
+                        point[moving] = np.float32(float(a) + int(i) * float(np.float32((e - a) / np.float32(pool))))
+                    x, y = float(point[0]), float(point[1])
                     if y < -1 or y > h or x < -1 or x > w:
                         continue
                     y, x = max(y, 0.0), max(x, 0.0)

@@ -47,13 +47,13 @@ def test_kernel_meta_schedule_cannot_take_is_reported(tmp_path, monkeypatch):
 
 def test_specialise_binds_shapes_and_scalars():
     model = targets.host_cpu()
-    func = mb._plain_compute(get("dynamic_scatter_backward"), "float32", model, "max_init")
-    fixed = mb.specialise(func, [np.zeros((5, 3), np.int32), 7])
-    assert len(fixed.params) == 1  # the scalar is gone, the buffer has the concrete shape
-    assert [int(d) for d in fixed.params[0].ty.shape] == [5, 3]
-    assert "= 7" in fixed.script()
+    func = mb._plain_compute(get("dynamic_scatter_backward"), "float32", model, "max_unbucketed")
+    fixed = mb.specialise(func, [np.zeros(5, np.int32), np.zeros((5, 3), np.float32), 7])
+    assert len(fixed.params) == 2  # the scalar is gone, the buffers have their concrete shapes
+    assert [[int(d) for d in p.ty.shape] for p in fixed.params] == [[5], [5, 3]]
+    assert "v < 7" in fixed.script()  # voxel_num bound into the body
     with pytest.raises(ValueError):
-        mb.specialise(func, [np.zeros((5, 3), np.int32)])
+        mb.specialise(func, [np.zeros(5, np.int32), np.zeros((5, 3), np.float32)])
 
 
 def test_align_tensors_keeps_values_and_aligns():
