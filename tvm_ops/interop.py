@@ -276,10 +276,10 @@ def first_overlap(tensors: list, first: int):
     if isinstance(tensors[0], np.ndarray):
         # telling owners apart (~0.15 us a tensor) pays where there are more pairs than tensors
         pairs = first * len(tensors) - first * (first + 1) // 2
-        owners = [_own_allocation(t) for t in tensors] if pairs > len(tensors) else [None] * len(tensors)
+        owners = [_own_allocation(t) for t in tensors] if pairs > len(tensors) else None
         for i in range(first):
             for j in range(i + 1, len(tensors)):
-                if owners[i] is not None and owners[j] is not None and owners[i] is not owners[j]:
+                if owners and owners[i] is not None and owners[j] is not None and owners[i] is not owners[j]:
                     continue  # two live allocations of numpy's own: disjoint
                 if np.may_share_memory(tensors[i], tensors[j]):  # bounds only, but ~0.35 us a pair
                     return i, j
