@@ -1,7 +1,8 @@
 """Schedule recipes for dynamic_scatter_forward (knobs: schedules/dynamic_scatter_forward.yaml).
 
 The serial kernels (group_rows, chunk_offsets) run as written: one task on the CPU, one
-thread on CUDA (the radix kernels are built where the plan's sort is radix: the CPU's). The bitonic tile kernel binds its own loops in the compute (a CUDA block per
+thread on CUDA (the radix kernels are built where the plan's sort is radix: the CPU's).
+The bitonic tile kernel binds its own loops in the compute (a CUDA block per
 tile, a thread per entry, shared memory between the steps; plain loops on the CPU). Every
 other kernel is a loop of independent blocks: CPU tasks over the cores (but point_map, on
 one core: its random writes would share lines between cores), CUDA threads.
