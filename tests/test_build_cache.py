@@ -214,6 +214,17 @@ def test_cuda_kernels_build_and_compile_to_ptx(tmp_path, name, arch):
         assert ".approx" not in ptx and ".ftz" not in ptx
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_nvcc_failures_are_one_clear_error(monkeypatch):
+    from tvm_ops.errors import ExecutionFailedError, NotSupportedError
+
+    with pytest.raises(ExecutionFailedError, match=r"nvcc could not compile the sm_90 kernels: .*error"):
+        build.compile_ptx("__global__ void broken() { undeclared = 1; }", targets.cuda("sm_90"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(NotSupportedError, match="nvcc is not on PATH"):
+        build.compile_ptx("__global__ void fine() {}", targets.cuda("sm_90"))
+
+
 def test_a_library_holds_the_kernels_its_target_launches():
     # three_interpolate_backward declares five kernels: the CPU's owners and CUDA's atomic
     # scatter and float16 cast; a CPU library holds the owners alone, and says so

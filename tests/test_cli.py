@@ -112,7 +112,22 @@ def test_a_failure_exits_non_zero_with_one_line(args):
                                   ("tune", "--op", "three_nn", "--timeout", "nan"),
                                   ("bench", "--json", "/no/such/folder/bench.json"),
                                   ("bench", "--plot", os.path.dirname(__file__)),
-                                  ("build", "--op", "voxel_pooling_forward", "--dtype", "float16")])
+                                  ("build", "--op", "voxel_pooling_forward", "--dtype", "float16"),
+                                  # an option the mode would ignore, a selection that runs nothing
+                                  ("bench", "--overhead", "--json", os.path.join(os.path.dirname(__file__), "o.json")),
+                                  ("bench", "--overhead", "--case", "net_16x64_m16"), ("bench", "--calls", "5"),
+                                  ("bench", "--functions", "--no-peer"), ("bench", "--functions", "--dtype", "float16"),
+                                  ("bench", "--overhead", "--functions"),
+                                  ("bench", "--op", "three_nn", "--case", "bnd_n7_small"),
+                                  ("test", "--op", "three_nn", "--case", "bnd_n7_small", "--cases", "network"),
+                                  ("bench", "--op", "three_nn", "--case", "bnd_m2_bad_param", "--cases", "boundary"),
+                                  ("test", "--op", "voxel_pooling_backward", "--dtype", "float16"),
+                                  ("bench", "--op", "voxel_pooling_backward", "--dtype", "float16"),
+                                  ("bench", "--plot", os.path.join(os.path.dirname(__file__), "p.xyz")),
+                                  ("bench", "--json", ""),
+                                  ("tune", "--op", "three_nn", "--timeout", "1e308"),
+                                  ("tune", "--op", "three_nn", "--rpc-tracker", "localhost:99999", "--rpc-key", "x"),
+                                  ("tune", "--op", "three_nn", "--meta-schedule", "--rpc-key", "x")])
 def test_a_bad_value_is_refused_before_anything_runs(args, capsys):
     """A value out of range, or a file the command could not write at its end (in-process:
     the same main() as above, without a process per case)."""
@@ -139,3 +154,37 @@ def test_bench_functions_times_forward_and_training_step_against_pytorch(functio
     for fields in lines:
         ratio = " ".join(fields).rsplit("x", 1)[1]
         assert float(fields[3]) > 0 and float(ratio) > 0
+
+
+@requires_torch
+def test_bench_functions_op_picks_the_functions_that_run_it(capsys):
+    from tvm_ops.__main__ import _functions_running, main
+
+    assert _functions_running("three_interpolate_backward", None) == ["three_interpolate"]
+    assert _functions_running("all", "net_b2_4980x64_m4212") == ["dynamic_scatter"]
+    assert len(_functions_running("all", None)) == 5
+    assert main(["bench", "--functions", "--op", "three_nn"]) == 2  # no function runs it: refused, nothing timed
+    err = capsys.readouterr().err
+    assert err.startswith("error [BAD_PARAM]: no torch function runs three_nn")
+
+
+def test_bench_overhead_takes_the_host_target_only(capsys):
+    from tvm_ops import targets
+    from tvm_ops.__main__ import main
+
+    one_core = f"llvm:{targets.host_cpu().cpu}:1"  # this CPU, measurable here, but not the calls' target
+    assert main(["bench", "--overhead", "--op", "three_nn", "--target", one_core]) == 2
+    assert capsys.readouterr().err.startswith("error [NOT_SUPPORTED]: bench --overhead")
+
+
+def test_an_unreachable_rpc_tracker_is_one_clear_error():
+    import socket
+
+    from tvm_ops.errors import ExecutionFailedError
+    from tvm_ops.tuning.tune import TrackerRunner
+
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ExecutionFailedError, match=f"cannot reach the RPC tracker localhost:{port}"):
+        TrackerRunner(f"localhost:{port}", "x", timeout=5).session()

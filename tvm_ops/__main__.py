@@ -31,14 +31,14 @@ FLOAT_DTYPES = tuple(d for d in DTYPES if d.startswith("float"))  # as OpSpec.fl
 ANY_DTYPE = FLOAT_DTYPES + ("all",)
 
 
-def _positive(convert, what: str):
-    """An argparse type: `convert` of the text, refused unless a finite value above 0."""
+def _positive(convert, what: str, most: float = float("inf")):
+    """An argparse type: `convert` of the text, refused unless above 0 and finite (at most `most`)."""
     def parse(text: str):
         try:
             value = convert(text)
         except ValueError:
             value = 0
-        if not 0 < value < float("inf"):  # NaN fails too
+        if not 0 < value < float("inf") or value > most:  # NaN fails too
             raise argparse.ArgumentTypeError(f"want {what}, got {text!r}")
         return value
 
@@ -46,13 +46,16 @@ def _positive(convert, what: str):
 
 
 _count = _positive(int, "a positive integer")  # runs, calls, trials, workers
-_seconds = _positive(float, "a positive number of seconds")
+MAX_SECONDS = 7 * 24 * 3600  # a week: Python's waits overflow far above it (threading.TIMEOUT_MAX, time_t)
+_seconds = _positive(float, f"a positive number of seconds up to {MAX_SECONDS}", MAX_SECONDS)
 
 
 def _new_file(text: str) -> str:
     """A file the command writes at its end: its folder is checked before anything runs."""
     path = Path(text)
     folder = path.parent
+    if not text.strip():
+        raise argparse.ArgumentTypeError("want a file name, got an empty one")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if not folder.is_dir():
@@ -60,6 +63,16 @@ def _new_file(text: str) -> str:
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"{text} cannot be written here (no permission or a read-only folder)")
     return text
+
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib writes without extra packages
+
+
+def _plot_file(text: str) -> str:
+    """--plot's file: a writable new file whose suffix names the picture's format."""
+    if Path(text).suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"want a file ending in {', '.join(PLOT_SUFFIXES)} (its format), got {text!r}")
+    return _new_file(text)
 
 
 def _size(text: str) -> tuple[str, int]:
@@ -106,33 +119,89 @@ def _require_case(ops: list, name: str | None) -> None:
                             f"see `python -m tvm_ops list`")
 
 
+def _selected(ops: list, which: str, name: str | None, dtype: str, runs_only: bool = False) -> list:
+    """[(op, case, dtypes)]: the cases of set `which` (`name`'s alone when given; with runs_only
+    not those that expect an error) in the dtypes `dtype` selects ("all" or one) that the case
+    has. BadParamError, saying why, when that is nothing: a run that does nothing and reports
+    success would hide a typo."""
+    from .errors import BadParamError
+
+    _require_case(ops, name)
+    named = [c for op in ops for c in op.spec.cases if c.name == name]
+    if named and not any(c.set == which or which == "all" for c in named):
+        raise BadParamError(f"case {name} is in the {named[0].set} set, not {which}; "
+                            f"add --cases {named[0].set} (or all)")
+    if runs_only and named and all(c.expect != "ok" for c in named):
+        raise BadParamError(f"case {name} expects {named[0].expect}: bench times cases that run "
+                            f"(`test --case {name}` checks it)")
+    chosen = []
+    for op in ops:
+        for case in op.spec.cases_in(which):
+            if (name and case.name != name) or (runs_only and case.expect != "ok"):
+                continue
+            dtypes = [d for d in case.dtypes if dtype in ("all", d)]
+            if dtypes:
+                chosen.append((op, case, dtypes))
+    if not chosen:
+        raise BadParamError(f"nothing to run: {', '.join(op.name for op in ops)} has no "
+                            f"{'' if dtype == 'all' else dtype + ' '}{'' if which == 'all' else which + ' '}case"
+                            f"{' named ' + name if name else ''}{' that runs' if runs_only else ''} "
+                            f"(its dtypes: {', '.join(ops[0].spec.float_dtypes)}); see `python -m tvm_ops list`")
+    return chosen
+
+
 def cmd_test(args) -> int:
     from . import runner, targets
 
     model = targets.resolve(args.target)
     targets.require_runnable(model)  # the cases run here: say so before generating any input
-    _require_case(_ops(args.op), args.case)
+    chosen = _selected(_ops(args.op), args.cases, args.case, args.dtype)
     failures = 0
     print(f"{'op':28s} {'case':26s} {'dtype':8s} {'diff1':>9s} {'diff2':>9s} {'diff3':>9s} {'diff4':>6s}  verdict")
-    for op in _ops(args.op):
-        for case in op.spec.cases_in(args.cases):
-            if args.case and case.name != args.case:
-                continue
-            for dtype in case.dtypes if args.dtype == "all" else [args.dtype]:
-                r = runner.run_case(op, case, dtype, model)
-                failures += r.verdict == "fail"
-                a = r.accuracy
-                numbers = (f"{a.diff1:9.2e} {a.diff2:9.2e} {a.diff3:9.2e} {a.diff4:6.3f}" if a
-                           else f"{'-':>9s} {'-':>9s} {'-':>9s} {'-':>6s}")
-                detail = f"  ({r.detail})" if r.detail else ""
-                print(f"{op.name:28s} {case.name:26s} {dtype:8s} {numbers}  {r.verdict}{detail}")
+    for op, case, dtypes in chosen:
+        for dtype in dtypes:
+            r = runner.run_case(op, case, dtype, model)
+            failures += r.verdict == "fail"
+            a = r.accuracy
+            numbers = (f"{a.diff1:9.2e} {a.diff2:9.2e} {a.diff3:9.2e} {a.diff4:6.3f}" if a
+                       else f"{'-':>9s} {'-':>9s} {'-':>9s} {'-':>6s}")
+            detail = f"  ({r.detail})" if r.detail else ""
+            print(f"{op.name:28s} {case.name:26s} {dtype:8s} {numbers}  {r.verdict}{detail}")
     print(f"# {failures} failed" if failures else "# all passed")
     return 1 if failures else 0
 
 
+# bench's options whose defaults depend on the mode (None in the parser: given or not)
+BENCH_DEFAULTS = {"dtype": "float32", "cases": "network", "repeat": 10, "calls": 1000, "blocks": 5}
+# what each mode of bench reads besides --op and --target
+BENCH_MODE_OPTIONS = {"cases": ("dtype", "cases", "case", "repeat", "no_peer", "json", "plot"),
+                      "functions": ("case", "repeat", "json"),
+                      "overhead": ("calls", "blocks", "no_peer")}
+
+
+def _refuse_unread(args, mode: str) -> None:
+    """BadParamError for an option `mode` would ignore (a silently ignored option reads as obeyed)."""
+    from .errors import BadParamError
+
+    flags = {"overhead": " --overhead", "functions": " --functions", "cases": ""}
+    for name in sorted({n for options in BENCH_MODE_OPTIONS.values() for n in options} - set(BENCH_MODE_OPTIONS[mode])):
+        value = getattr(args, name)
+        if value not in (None, False) and not (mode == "functions" and BENCH_DEFAULTS.get(name) == value):
+            readers = " or ".join(f"bench{flags[m]}" for m, options in BENCH_MODE_OPTIONS.items() if name in options)
+            raise BadParamError(f"bench{flags[mode]} does not take --{name.replace('_', '-')} (an option of {readers})")
+    for name, value in BENCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def cmd_bench(args) -> int:
     from . import bench, targets
+    from .errors import BadParamError
 
+    if args.overhead and args.functions:
+        raise BadParamError("bench takes --overhead or --functions, not both")
+    mode = "overhead" if args.overhead else "functions" if args.functions else "cases"
+    _refuse_unread(args, mode)  # --functions: float32 network cases (--dtype float32 and --cases network pass)
     # TVM's workers spin between kernels, as for callers with numpy arrays, or sleep between
     # them, as for torch tensors (targets.sleep_workers_between_kernels): the torch functions
     # take turns with torch's own ops. Set before the first kernel (the stream) starts the pool.
@@ -141,7 +210,10 @@ def cmd_bench(args) -> int:
     targets.require_measurable(model)
     if args.overhead:
         return _overhead(args, model)
-    _require_case(_ops(args.op), args.case)
+    if args.functions:
+        functions = _functions_running(args.op, args.case)
+    else:
+        chosen = _selected(_ops(args.op), args.cases, args.case, args.dtype, runs_only=True)
     if args.plot:
         from . import plot
 
@@ -152,13 +224,11 @@ def cmd_bench(args) -> int:
           "and streamed stores, this run)"
           + (f", peak {peak / 1e9:.0f} GFLOP/s (TVM FMA loop, this run)" if peak else ""))
     if args.functions:
-        return _functions(args, model, bandwidth)
-    lines = []
-    for op in _ops(args.op):
-        for case in op.spec.cases_in(args.cases):
-            if case.expect != "ok" or (args.case and case.name != args.case):
-                continue
-            for dtype in case.dtypes if args.dtype == "all" else [args.dtype]:
+        lines = _functions(args, model, bandwidth, functions)
+    else:
+        lines = []
+        for op, case, dtypes in chosen:
+            for dtype in dtypes:
                 line = bench.bench_case(op, case, dtype, model, bandwidth, args.repeat, not args.no_peer)
                 lines.append(line)
                 print(line.text(), flush=True)
@@ -172,25 +242,52 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _functions(args, model, bandwidth) -> int:
+def _functions_running(op_name: str, case_name: str | None) -> list[str]:
+    """The torch functions `bench --functions --op op_name` times: those whose training step
+    runs that operator (every one for "all"), only those with a network case `case_name`."""
+    import importlib.util
+
+    from .errors import BadParamError, NotSupportedError
+
+    if importlib.util.find_spec("torch") is None:
+        raise NotSupportedError("bench --functions times the torch functions (tvm_ops.functional): it needs "
+                                "PyTorch (pip install torch)")
+    from .bench_functions import FUNCTION_OPS
+    from .ops import get
+
+    _ops(op_name)  # an unknown name: its own error
+    names = [name for name, ops in FUNCTION_OPS.items() if op_name == "all" or op_name in ops]
+    if not names:
+        raise BadParamError(f"no torch function runs {op_name}; bench --functions times "
+                            + ", ".join(f"{name} ({' + '.join(ops)})" for name, ops in FUNCTION_OPS.items()))
+    if case_name:  # a function's cases are its forward operator's network cases
+        _selected([get(FUNCTION_OPS[name][0]) for name in names], "network", case_name, "float32", runs_only=True)
+        names = [name for name in names if any(c.name == case_name for c in get(FUNCTION_OPS[name][0]).spec.cases)]
+    return names
+
+
+def _functions(args, model, bandwidth, functions: list[str]) -> list:
     """`bench --functions`: the torch functions, forward alone and a training step, vs PyTorch."""
     from .bench_functions import FUNCTIONS
 
     print("# function         case                       mode      tvm_ops (torch tensors in, "
           "autograd included)  vs the PyTorch formulation, same run")
-    for cases in FUNCTIONS.values():
-        for line in cases(model, bandwidth, args.repeat, args.case):
+    lines = []
+    for name in functions:
+        for line in FUNCTIONS[name](model, bandwidth, args.repeat, args.case):
+            lines.append(line)
             print(line.text(), flush=True)
-    return 0
+    return lines
 
 
 def _overhead(args, model) -> int:
     """`bench --overhead`: host time of a repeated tiny public call per operator."""
-    from . import overhead
+    from . import overhead, targets
     from .errors import NotSupportedError
 
-    if model.kind != "llvm":
-        raise NotSupportedError("bench --overhead measures the CPU call path (target llvm)")
+    if model.kind != "llvm" or model.key != targets.resolve("llvm").key:
+        raise NotSupportedError("bench --overhead measures the calls a caller makes on the host's default target "
+                                "(llvm); it takes no other --target")
     print(f"# host time per repeated call, best of {args.blocks} blocks of {args.calls} calls; "
           "host = the same call with its kernels stubbed out")
     for op in _ops(args.op):
@@ -245,7 +342,7 @@ def _meta_schedule(args, op, model) -> int:
     from .tuning import meta_schedule_baseline, tune
 
     if args.rpc_tracker or args.rpc_key:
-        raise BadParamError("--meta-schedule measures on this machine; it does not take --rpc-tracker")
+        raise BadParamError("--meta-schedule measures on this machine; it takes no --rpc-tracker or --rpc-key")
     case = tune.with_shape(op, tune.find_case(op, args.case), dict(args.shape or []))
     result = meta_schedule_baseline.compare(op, case, args.dtype, model, trials=args.trials, timeout=args.timeout,
                                             repeat=args.repeat, seed=args.seed)
@@ -308,7 +405,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default="llvm", help=TARGET_HELP)
     t.add_argument("--op", default="all", help="operator name or 'all' (default)")
     t.add_argument("--dtype", default="all", choices=ANY_DTYPE, help="float32, float16 or 'all' (default)")
-    t.add_argument("--cases", default="all", choices=["network", "boundary", "random", "all"])
+    t.add_argument("--cases", default="all", choices=["network", "boundary", "random", "all"],
+                   help="the set of spec cases (default: all)")
     t.add_argument("--case", help="only this case name")
     t.set_defaults(func=cmd_test)
 
@@ -316,13 +414,14 @@ def parser() -> argparse.ArgumentParser:
                 "python -m tvm_ops bench --op ms_deform_attn_backward --json bench.json --plot bench.png")
     m.add_argument("--target", default="llvm", help=TARGET_HELP)
     m.add_argument("--op", default="all", help="operator name or 'all' (default)")
-    m.add_argument("--dtype", default="float32", choices=ANY_DTYPE, help="float32 (default), float16 or 'all'")
-    m.add_argument("--cases", default="network", choices=["network", "boundary", "random", "all"])
+    m.add_argument("--dtype", choices=ANY_DTYPE, help="float32 (default), float16 or 'all'")
+    m.add_argument("--cases", choices=["network", "boundary", "random", "all"], help="the set of spec cases "
+                   "(default: network)")
     m.add_argument("--case", help="only this case name")
-    m.add_argument("--repeat", type=_count, default=10, help="timed runs per case (median reported)")
+    m.add_argument("--repeat", type=_count, help="timed runs per case (median reported; default 10)")
     m.add_argument("--no-peer", action="store_true", help="skip the PyTorch eager peer")
     m.add_argument("--json", type=_new_file, help="also write the results to this JSON file")
-    m.add_argument("--plot", metavar="FILE.png", type=_new_file,
+    m.add_argument("--plot", metavar="FILE.png", type=_plot_file,
                    help="also draw the results: per case our time and each peer's (log scale), with the "
                         "io efficiency (needs matplotlib: pip install 'tvm_ops[plot]')")
     m.add_argument("--functions", action="store_true",
@@ -331,8 +430,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--overhead", action="store_true",
                    help="instead: host time of a repeated tiny call per operator (numpy and torch, with "
                         "and without out=), against its kernels alone and the PyTorch peer")
-    m.add_argument("--calls", type=_count, default=1000, help="--overhead: calls per block")
-    m.add_argument("--blocks", type=_count, default=5, help="--overhead: blocks (the best is reported)")
+    m.add_argument("--calls", type=_count, help="--overhead: calls per block (default 1000)")
+    m.add_argument("--blocks", type=_count, help="--overhead: blocks (the best is reported; default 5)")
     m.set_defaults(func=cmd_bench)
 
     u = command("tune", "search the schedule knobs of one operator; records the trials",

@@ -79,8 +79,17 @@ def _torch_inputs(op, case, device):
     return inputs, params, {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in inputs.items()}
 
 
-def _ops_device_peak(forward_name: str, backward_name: str, model: TargetModel):
-    """(forward op, backward op, the torch device of `model`, its peak FLOP/s)."""
+# the forward and backward operator each function's training step runs
+FUNCTION_OPS = {"ms_deform_attn": ("ms_deform_attn_forward", "ms_deform_attn_backward"),
+                "border_align": ("border_align_forward", "border_align_backward"),
+                "voxel_pooling": ("voxel_pooling_forward", "voxel_pooling_backward"),
+                "three_interpolate": ("three_interpolate_forward", "three_interpolate_backward"),
+                "dynamic_scatter": ("dynamic_scatter_forward", "dynamic_scatter_backward")}
+
+
+def _ops_device_peak(function: str, model: TargetModel):
+    """(forward op, backward op of `function`, the torch device of `model`, its peak FLOP/s)."""
+    forward_name, backward_name = FUNCTION_OPS[function]
     return get(forward_name), get(backward_name), "cuda" if model.kind == "cuda" else "cpu", peak_flops(model)
 
 
@@ -109,7 +118,7 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
     from . import functional
     from .testing.ms_deform_attn_backward import msda_pytorch
 
-    forward, backward, device, peak = _ops_device_peak("ms_deform_attn_forward", "ms_deform_attn_backward", model)
+    forward, backward, device, peak = _ops_device_peak("ms_deform_attn", model)
     for case, inputs, params, t in _network_cases(forward, device, case_name):
         shapes = t["spatial_shapes"].long()  # what mmcv's callers pass
         starts = t["level_start_index"].long()
@@ -137,7 +146,7 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
     from . import functional
     from .testing.border_align_forward import torch_forward_per_sample
 
-    forward, backward, device, peak = _ops_device_peak("border_align_forward", "border_align_backward", model)
+    forward, backward, device, peak = _ops_device_peak("border_align", model)
     for case, _, params, t in _network_cases(forward, device, case_name):
         pool = params["pool_size"]
         boxes = t["boxes"]
@@ -164,7 +173,7 @@ def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_
     from . import functional
     from .testing.voxel_pooling_forward import voxel_pool_pytorch
 
-    forward, backward, device, peak = _ops_device_peak("voxel_pooling_forward", "voxel_pooling_backward", model)
+    forward, backward, device, peak = _ops_device_peak("voxel_pooling", model)
     for case, _, params, t in _network_cases(forward, device, case_name):
         voxel_num = [params[k] for k in ("num_voxel_x", "num_voxel_y", "num_voxel_z")]
         geom = t["geom_xyz"]
@@ -191,7 +200,7 @@ def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, c
     from . import functional
     from .testing.three_interpolate_forward import gather_formulation
 
-    forward, backward, device, peak = _ops_device_peak("three_interpolate_forward", "three_interpolate_backward", model)
+    forward, backward, device, peak = _ops_device_peak("three_interpolate", model)
     for case, _, _, t in _network_cases(forward, device, case_name):
         indices, weight = t["indices"], t["weights"]  # the case's indices are all in [0, M)
         index = indices.long()
@@ -218,7 +227,7 @@ def dynamic_scatter_cases(model: TargetModel, bandwidth: float, repeat: int, cas
     from . import functional
     from .testing.dynamic_scatter_forward import dynamic_scatter_pytorch
 
-    forward, backward, device, peak = _ops_device_peak("dynamic_scatter_forward", "dynamic_scatter_backward", model)
+    forward, backward, device, peak = _ops_device_peak("dynamic_scatter", model)
     for case, _, params, t in _network_cases(forward, device, case_name):
         reduce_type, coors = params["reduce_type"], t["coors"]
         leaves = [t["feats"].clone().requires_grad_(True)]

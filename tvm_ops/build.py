@@ -298,8 +298,19 @@ def compile_ptx(cuda_source: str, model: targets.TargetModel) -> bytes:
     """CUDA C -> PTX with nvcc: proof that the generated kernels compile."""
     from tvm.support import nvcc
 
-    with model.tvm_target():  # nvcc.compile_cuda reads the arch of the current target
-        return nvcc.compile_cuda(cuda_source, target_format="ptx", arch=model.arch, compiler="nvcc")
+    from .errors import ExecutionFailedError, NotSupportedError
+
+    if shutil.which("nvcc") is None:
+        raise NotSupportedError("a CUDA library is compiled to PTX with nvcc (the proof that its kernels build), "
+                                "and nvcc is not on PATH")
+    try:
+        with model.tvm_target():  # nvcc.compile_cuda reads the arch of the current target
+            return nvcc.compile_cuda(cuda_source, target_format="ptx", arch=model.arch, compiler="nvcc")
+    except RuntimeError as exc:  # nvcc's log; its fatal line says why (e.g. an arch this CUDA dropped)
+        log = [line.strip() for line in str(exc).splitlines()]
+        why = [line for line in log if "fatal" in line] + [line for line in log if "error:" in line]
+        raise ExecutionFailedError(f"nvcc could not compile the {model.arch} kernels: "
+                                   f"{why[0] if why else str(exc)[:300]}") from None
 
 
 def find_entry(variant: Variant) -> Path | None:

@@ -330,8 +330,8 @@ def require_runnable(model: TargetModel) -> None:
         missing = missing_features(model)
         if missing:
             raise ArchMismatchError(f"target {model.key} needs {', '.join(missing)}, which this machine's CPU "
-                                    f"({host_cpu().cpu}) lacks; build it with `build --target`, or run it on "
-                                    f"its board with --rpc-tracker")
+                                    f"({host_cpu().cpu}) lacks; build it with `build --target` and run it on "
+                                    f"its board (`tune --rpc-tracker` measures it there)")
     if model.kind == "cuda":
         local = local_cuda_arch()
         if local is None:
@@ -343,5 +343,5 @@ def require_measurable(model: TargetModel) -> None:
     kernels taken here say little about that CPU."""
     if model.kind == "llvm" and (model.cpu != host_cpu().cpu or model.mtriple):
         raise ArchMismatchError(f"target {model.key} is not this machine's CPU ({host_cpu().cpu}); "
-                                f"measure it on its board with --rpc-tracker")
+                                f"measure it on its board (`tune --rpc-tracker` does)")
     require_runnable(model)

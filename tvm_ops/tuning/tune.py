@@ -44,6 +44,7 @@ import itertools
 import json
 import logging
 import multiprocessing
+import socket
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import bench, build, checks, dispatch, interop, paths, records, runner
-from ..errors import BadParamError, NotSupportedError
+from ..errors import BadParamError, ExecutionFailedError, NotSupportedError
 from ..invocation import CallPlan, new_tensors, output_specs
 from ..targets import TargetModel
 from ..testing import material
@@ -296,8 +297,9 @@ class TrackerRunner:
 
     def __init__(self, tracker: str, key: str, timeout: float = 60.0):
         host, _, port = tracker.rpartition(":")
-        if not host or not port.isdigit() or not key:
-            raise BadParamError(f"--rpc-tracker wants HOST:PORT and --rpc-key a key, got {tracker!r} / {key!r}")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or not key:
+            raise BadParamError(f"--rpc-tracker wants HOST:PORT (a port 1-65535) and --rpc-key a key, "
+                                f"got {tracker!r} / {key!r}")
         self.host, self.port, self.key, self.timeout = host, int(port), key, timeout
         self.name = f"rpc:{key}"
         self.sess = None
@@ -307,7 +309,11 @@ class TrackerRunner:
         if self.sess is None:
             from tvm import rpc
 
-            tracker = rpc.connect_tracker(self.host, self.port)
+            try:  # TVM's own connect retries a refused tracker for 60 s whatever the timeout
+                socket.create_connection((self.host, self.port), timeout=min(self.timeout, 30.0)).close()
+                tracker = rpc.connect_tracker(self.host, self.port)
+            except (OSError, RuntimeError) as exc:
+                raise ExecutionFailedError(f"cannot reach the RPC tracker {self.host}:{self.port} ({exc})") from exc
             deadline = time.monotonic() + min(self.timeout, 30.0)
             while self.key not in tracker.summary().get("queue_info", {}):
                 if time.monotonic() > deadline:
