@@ -251,7 +251,7 @@ def _functions_running(op_name: str, case_name: str | None) -> list[str]:
 
     if importlib.util.find_spec("torch") is None:
         raise NotSupportedError("bench --functions times the torch functions (tvm_ops.functional): it needs "
-                                "PyTorch (pip install torch)")
+                                "PyTorch (pip install 'tvm_ops[torch]')")
     from .bench_functions import FUNCTION_OPS
     from .ops import get
 

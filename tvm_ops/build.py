@@ -38,6 +38,27 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 build_count = 0  # libraries compiled by this process (tests count rebuilds)
 
 
+class _computed_once:
+    """functools.cached_property without its lock: before Python 3.12 one lock per property
+    is held while any instance computes it, and a fork while another thread does (a build
+    in progress) leaves it held in the child for ever. Two threads may both compute a value;
+    they compute equal ones."""
+
+    def __init__(self, func):
+        functools.update_wrapper(self, func)
+        self.func = func
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        # found in the instance's __dict__ from then on, before this descriptor
+        value = instance.__dict__[self.name] = self.func(instance)
+        return value
+
+
 @dataclass(frozen=True)
 class Variant:
     """Everything that decides a library's content."""
@@ -49,7 +70,7 @@ class Variant:
     origin: str  # "hand-tuned" (schedules/<op>.yaml defaults) or a tuning record
     one_core: bool = False  # CPU kernels with their parallel loops serial (one_core.py)
 
-    @functools.cached_property
+    @_computed_once
     def plan(self) -> dict:
         """The op's plan for these knobs on this target: computed once per variant."""
         return self.op.plan(self.model, self.knobs)
@@ -70,7 +91,7 @@ class Variant:
             funcs[name] = scheduled.with_attr("global_symbol", name)
         return tvm.IRModule(funcs)
 
-    @functools.cached_property
+    @_computed_once
     def key(self) -> str:
         import tvm
 

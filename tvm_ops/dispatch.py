@@ -10,11 +10,19 @@ import threading
 
 import numpy as np
 
-from . import build, paths, policy, records, targets
+from . import build, forked, paths, policy, records, targets
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _loaded: dict = {}  # (op, dtype, target, knobs, one_core) -> build.Kernels
+
+
+def _new_lock() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it (building) at the fork
+
+
+forked.reset_in_child(_new_lock)
 
 
 def default_variant(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None,
@@ -44,12 +52,15 @@ def variants(op, dtype: str, model: targets.TargetModel) -> list[build.Variant]:
 
 
 def runs_on_one_core(spec, problem, model: targets.TargetModel) -> bool:
-    """Whether the policy runs `problem` on one core (a CPU call of little work).
+    """Whether the policy runs `problem` on one core (a CPU call of little work), as every CPU
+    call of a forked child does (forked.py).
 
     The work is the spec's theory for the call's sizes; a size the kernels count (a
     data-dependent output's) is not known yet and counts as 0."""
     if model.kind != "llvm":
         return False
+    if forked.in_child():
+        return True
     sizes = dict.fromkeys(spec.counted, 0) | problem.sizes
     io_bytes, ops = spec.theory(sizes, np.dtype(problem.dtype).itemsize, problem.params)
     return policy.for_target(model).one_core(io_bytes, ops, targets.workers_asleep_between_kernels())

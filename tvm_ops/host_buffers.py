@@ -10,7 +10,8 @@ This keeps such blocks when their arrays die and hands them out again for the
 next output of the same byte size, like PyTorch's CUDA caching allocator. A block
 goes back only when no array or view of it is alive (a weak reference on the
 ctypes object every view keeps as its base), so two live outputs never share
-memory. Reused memory is not zeroed: the CPU kernels write every element of
+memory. Blocks are private mappings: a forked child's copy of an output is its own
+(copy on write), and a child starts with no free blocks. Reused memory is not zeroed: the CPU kernels write every element of
 their outputs (np.empty gives no zeros either), and outputs that must start at
 zero are allocated with np.zeros, never from here.
 
@@ -45,6 +46,8 @@ import weakref
 
 import numpy as np
 
+from . import forked
+
 # Below this glibc reuses freed blocks itself (its mmap threshold stops growing at 32 MiB).
 MIN_BYTES = 32 << 20
 # outputs start on a multiple of this (a cache line)
@@ -52,9 +55,21 @@ LINE_BYTES = 64
 # from this size on
 ALIGN_MIN_BYTES = 64 << 10
 
-_lock = threading.Lock()
+# re-entrant: _give_back is a finalizer and may run inside a garbage collection anywhere,
+# this module included (nothing under the lock creates an object that could start one)
+_lock = threading.RLock()
 _free: dict[int, list[mmap.mmap]] = {}  # byte size -> unused blocks
 _free_bytes = 0
+
+
+def _start_afresh_in_child() -> None:
+    global _lock, _free_bytes
+    _lock = threading.RLock()  # another thread of the parent may have held it at the fork
+    _free.clear()  # the parent's free blocks: copies the child need not keep
+    _free_bytes = 0
+
+
+forked.reset_in_child(_start_afresh_in_child)
 
 
 def limit_bytes() -> int:
@@ -91,7 +106,9 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
         return _on_a_line(shape, dtype, nbytes)
     block = _take(nbytes)
     if block is None:
-        block = mmap.mmap(-1, nbytes)  # page-aligned, private, anonymous
+        # page-aligned, anonymous and private (Python's default, MAP_SHARED, would leave a
+        # forked child writing into the parent's outputs)
+        block = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             block.madvise(mmap.MADV_HUGEPAGE)  # as numpy does for its large blocks
     owner = (ctypes.c_char * nbytes).from_buffer(block)
@@ -157,10 +174,15 @@ def _take(nbytes: int):
 def _give_back(block: mmap.mmap) -> None:
     # Runs while the last owner is being freed, so the block is still exported to it:
     # a block over the limit is simply not kept (closing it here would raise); it is
-    # unmapped when its last reference goes.
+    # unmapped when its last reference goes. Whatever may allocate runs before the lock.
     global _free_bytes
     nbytes = len(block)
+    try:
+        limit = limit_bytes()
+    except ValueError:  # a bad setting, reported by the next large output's call
+        return
+    fresh: list = []  # the size's list, should it have none
     with _lock:
-        if _free_bytes + nbytes <= limit_bytes():
-            _free.setdefault(nbytes, []).append(block)
+        if _free_bytes + nbytes <= limit:
+            _free.setdefault(nbytes, fresh).append(block)
             _free_bytes += nbytes

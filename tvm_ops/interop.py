@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import host_buffers
+from . import forked, host_buffers
 from .errors import BadParamError
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,14 @@ _host_results: dict = {}  # (host values, dtype, shape, convert) -> convert's re
 _host_results_lock = threading.Lock()  # its eviction: two threads must not drop one entry
 _per_version: dict = {}  # (id(device tensor), make) -> (its version, make's result); dropped when it dies
 _per_version_lock = threading.Lock()
+
+
+def _new_locks() -> None:
+    global _host_results_lock, _per_version_lock
+    _host_results_lock, _per_version_lock = threading.Lock(), threading.Lock()  # held by another thread at a fork
+
+
+forked.reset_in_child(_new_locks)
 
 
 def host_values(value, convert):

@@ -19,15 +19,28 @@ plans the cache holds.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 
-from . import checks, interop
+from . import checks, forked, interop
 from .errors import BadParamError
 
 # host workspace blocks up to this size are reused by the next call of their plan on the
 # same thread (dynamic_scatter_forward's twelve: ~40 bytes a point, 6 us to carve per call)
 REUSED_WORKSPACE_BYTES = 1 << 20
 _held = threading.local()  # operator name -> (the last CallPlan, its carved workspaces)
+_caches: weakref.WeakSet = weakref.WeakSet()  # every CallCache, emptied in a forked child
+
+
+def _forget_in_child() -> None:
+    """A forked child plans its calls anew (on one core: forked.py), with locks of its own."""
+    global _held
+    _held = threading.local()
+    for cache in list(_caches):
+        cache._plans, cache._lock = OrderedDict(), threading.Lock()
+
+
+forked.reset_in_child(_forget_in_child)
 
 
 def new_tensors(problem: checks.Problem, specs: dict, zero: bool) -> dict:
@@ -143,6 +156,7 @@ class CallCache:
         self.size = size
         self._plans: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        _caches.add(self)
 
     def get(self, key):
         # no lock on the hit path (each dict operation is atomic); put and clear take it
