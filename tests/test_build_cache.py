@@ -72,7 +72,8 @@ def test_cache_round_trip_in_fresh_processes(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry",
-                                    "a_file_in_its_place"])
+                                    "a_file_in_its_place", "a_dangling_link", "no_kernels_listed", "kernels_empty",
+                                    "kernels_not_a_list", "another_plan"])
 def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
     assert child(tmp_path) == 1
     (entry,) = entries(tmp_path)
@@ -90,9 +91,23 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
                                   tmp_path / "other")
         shutil.rmtree(entry)
         shutil.copytree(other, entry)
-    else:
+    elif damage == "a_file_in_its_place":
         shutil.rmtree(entry)
         entry.write_text("not a library folder")
+    elif damage == "a_dangling_link":
+        shutil.rmtree(entry)
+        entry.symlink_to(tmp_path / "gone")
+    else:  # a manifest whose identity and sha256 hold but whose content launch reads does not
+        manifest = json.loads((entry / "manifest.json").read_text())
+        if damage == "no_kernels_listed":
+            del manifest["kernels"]
+        elif damage == "kernels_empty":
+            manifest["kernels"] = []
+        elif damage == "kernels_not_a_list":
+            manifest["kernels"] = 5
+        else:
+            manifest["plan"] = {}
+        (entry / "manifest.json").write_text(json.dumps(manifest))
     assert child(tmp_path) == 1  # detected, rebuilt, and the answer is right
     assert child(tmp_path) == 0
 
@@ -326,6 +341,23 @@ def test_a_read_only_cache_falls_back_to_a_temporary_folder(tmp_path, caplog):
     assert folder == paths._FALLBACK and folder.is_dir()
     assert "cannot be written" in caplog.text
     assert paths._FALLBACK in paths.search_dirs()
+
+
+def test_a_fallback_folder_others_can_write_is_neither_searched_nor_built_into(tmp_path, monkeypatch):
+    # its name in the shared temporary folder is predictable: another user could make it first
+    from tvm_ops import paths
+
+    shared = tmp_path / "fallback"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(paths, "_FALLBACK", shared)
+    assert shared not in paths.search_dirs()
+    blocked = tmp_path / "cache"
+    blocked.write_text("not a folder")
+    with pytest.raises(tvm_ops.ExecutionFailedError, match="only it can write; set TVM_OPS_CACHE_DIR"):
+        paths._writable.__wrapped__(blocked)
+    shared.chmod(0o700)
+    assert shared in paths.search_dirs() and paths._writable.__wrapped__(blocked) == shared
 
 
 def test_staging_folders_of_dead_builds_are_removed(tmp_path):

@@ -146,3 +146,16 @@ def test_an_aarch64_library_needs_a_cross_linker(tmp_path):
     with pytest.raises(tvm_ops.NotSupportedError, match="cross compiler"):
         build.build_entry(variant, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name, value", [("TVM_NUM_THREADS", "99999999999"), ("TVM_NUM_THREADS", "0"),
+                                         ("TVM_NUM_THREADS", "two"), ("TVM_THREAD_POOL_SPIN_COUNT", "-1"),
+                                         ("TVM_THREAD_POOL_SPIN_COUNT", "1000000000")])
+def test_thread_settings_tvm_would_hang_on_are_refused(monkeypatch, name, value):
+    # TVM's pool takes them when its first parallel kernel runs; then the call or the
+    # process's exit never ends. Checked where the host model is made, before any kernel.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(tvm_ops.BadParamError, match=f"{name} must be an integer from"):
+        targets._require_thread_settings()
+    monkeypatch.setenv(name, "1")
+    targets._require_thread_settings()

@@ -191,13 +191,16 @@ def _sha256(path: Path) -> str:
 
 def _valid_entry(entry: Path, variant: Variant) -> bool:
     """Whether `entry` holds a whole library of `variant`: its manifest names the variant and
-    a plan, and lib.so has the manifest's sha256."""
+    with its plan and kernels the operator declares, and lib.so has the manifest's sha256."""
     try:
         info = manifest(entry)
-        if not isinstance(info, dict) or not isinstance(info.get("plan"), dict):
-            return False
+        if not isinstance(info, dict) or info.get("plan") != json.loads(json.dumps(variant.plan, default=str)):
+            return False  # no manifest, or not this variant's plan (as _publish wrote it)
         if (info.get("op"), info.get("dtype"), info.get("key")) != (variant.op.name, variant.dtype, variant.key):
             return False  # another library's files under this name
+        kernels = info.get("kernels")
+        if not isinstance(kernels, list) or not kernels or not set(kernels) <= set(variant.op.kernel_names):
+            return False
         return _sha256(entry / "lib.so") == info.get("library_sha256")
     except (OSError, ValueError):  # missing or unreadable files, no JSON, no UTF-8
         return False
@@ -235,7 +238,8 @@ def build_entry(variant: Variant, out_dir: Path) -> Path:
         from .errors import ExecutionFailedError
 
         raise ExecutionFailedError(f"cannot write the library {entry.name} into {out_dir} ({exc}); free space "
-                                   f"there or point TVM_OPS_CACHE_DIR at a writable folder") from exc
+                                   f"there, remove what stands at that path, or point TVM_OPS_CACHE_DIR at a "
+                                   f"writable folder") from exc
 
 
 def _publish(lib, variant: Variant, target_spec: str, linker, out_dir: Path, entry: Path, kernels: list) -> Path:
@@ -260,8 +264,8 @@ def _publish(lib, variant: Variant, target_spec: str, linker, out_dir: Path, ent
             "library_sha256": _sha256(staging / "lib.so"),
         }
         (staging / "manifest.json").write_text(json.dumps(info, indent=2, default=str))
-        if entry.exists() and not _valid_entry(entry, variant):
-            _remove(entry)  # a corrupt copy of ours
+        if os.path.lexists(entry) and not _valid_entry(entry, variant):
+            _remove(entry)  # a corrupt copy of ours (a dangling link included)
         try:
             os.replace(staging, entry)
         except OSError:
@@ -342,7 +346,7 @@ def find_entry(variant: Variant) -> Path | None:
     cache = paths.cache_dir()
     for folder in paths.search_dirs():
         entry = folder / variant.entry_name
-        if entry.exists():
+        if os.path.lexists(entry):  # a dangling link too: it is removed from the cache like a corrupt copy
             if _valid_entry(entry, variant):
                 return entry
             log.warning("library %s is corrupt or unreadable; %s", entry,

@@ -39,6 +39,17 @@ def _cache_dir(explicit: str | None, xdg_cache_home: str | None, _home: str | No
 _FALLBACK = Path(tempfile.gettempdir()) / f"tvm_ops-cache-{os.getuid()}"
 
 
+def _own_private(folder: Path) -> bool:
+    """Whether `folder` is a directory of this user's that no other user can write: the
+    fallback's name in the shared temporary directory is predictable, so another user could
+    make it first and put libraries there for this one's calls to load."""
+    try:
+        info = folder.lstat()
+    except OSError:
+        return False
+    return folder.is_dir() and not folder.is_symlink() and info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
 def writable_cache_dir() -> Path:
     """Where a new library is built: the cache directory, or, when it cannot be written, a
     folder in the system's temporary directory (with a warning, once per cache directory)."""
@@ -55,15 +66,22 @@ def _writable(cache: Path) -> Path:
         fallback = _FALLBACK
         log.warning("the cache directory %s cannot be written (%s); building into %s instead "
                     "(set TVM_OPS_CACHE_DIR to choose another)", cache, exc.strerror or exc, fallback)
-        fallback.mkdir(parents=True, exist_ok=True)
+        fallback.mkdir(mode=0o700, exist_ok=True)
+        if not _own_private(fallback):
+            from .errors import ExecutionFailedError
+
+            raise ExecutionFailedError(f"the cache directory {cache} cannot be written, and the fallback {fallback} "
+                                       f"is not a folder of this user's that only it can write; set "
+                                       f"TVM_OPS_CACHE_DIR to a writable folder") from exc
         return fallback
 
 
 def search_dirs() -> list[Path]:
-    """Build directories to load from, in order: $TVM_OPS_BUILD_DIR (from `build --out`), the cache."""
+    """Build directories to load from, in order: $TVM_OPS_BUILD_DIR (from `build --out`), the
+    cache, and the fallback folder where libraries go when the cache cannot be written (only
+    if it is this user's alone)."""
     dirs = [Path(os.environ["TVM_OPS_BUILD_DIR"])] if os.environ.get("TVM_OPS_BUILD_DIR") else []
-    # then where libraries go when the cache cannot be written
-    return dirs + [cache_dir()] + ([_FALLBACK] if _FALLBACK.is_dir() else [])
+    return dirs + [cache_dir()] + ([_FALLBACK] if _own_private(_FALLBACK) else [])
 
 
 def records_path() -> Path:

@@ -161,6 +161,25 @@ def workers_asleep_between_kernels() -> bool:
     return os.environ.get(SPIN_ENV, "").strip() == "0"
 
 
+# what TVM's pool is refused beyond (it reads both once, when its first parallel kernel runs):
+# more threads than any CPU this serves, or a spin from which a worker does not come back to
+# let the process exit (measured: 10^9 spins, or -1, never did; TVM's 300000 takes seconds)
+MAX_THREADS = 1024
+MAX_SPIN = 1_000_000
+
+
+def _require_thread_settings() -> None:
+    """BadParamError for a TVM_NUM_THREADS or TVM_THREAD_POOL_SPIN_COUNT that TVM's pool would
+    take and then hang on (a huge thread count, a negative or huge spin)."""
+    for name, least, most in (("TVM_NUM_THREADS", 1, MAX_THREADS), (SPIN_ENV, 0, MAX_SPIN)):
+        raw = os.environ.get(name)
+        if raw is None:
+            continue
+        text = raw.strip()
+        if not (text.isdigit() and least <= int(text) <= most):
+            raise BadParamError(f"{name} must be an integer from {least} to {most}, got {raw!r}")
+
+
 def _worker_count() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -172,6 +191,7 @@ def host_cpu() -> TargetModel:
     """The host CPU with its real -mcpu (a bare "llvm" target would be SSE only)."""
     import tvm
 
+    _require_thread_settings()  # before the first kernel starts TVM's pool with them
     cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")()
     cores = _worker_count()
     # TVM's runtime uses one thread unless told; use every core, as taskDim = all cores.
