@@ -143,10 +143,11 @@ def _selected(ops: list, which: str, name: str | None, dtype: str, runs_only: bo
             if dtypes:
                 chosen.append((op, case, dtypes))
     if not chosen:
-        raise BadParamError(f"nothing to run: {', '.join(op.name for op in ops)} has no "
-                            f"{'' if dtype == 'all' else dtype + ' '}{'' if which == 'all' else which + ' '}case"
-                            f"{' named ' + name if name else ''}{' that runs' if runs_only else ''} "
-                            f"(its dtypes: {', '.join(ops[0].spec.float_dtypes)}); see `python -m tvm_ops list`")
+        kind = " ".join(part for part in (dtype, which) if part != "all")
+        dtypes = f" (its dtypes: {', '.join(ops[0].spec.float_dtypes)})" if len(ops) == 1 else ""
+        raise BadParamError(f"nothing to run: no {kind + ' ' if kind else ''}case{' ' + name if name else ''}"
+                            f"{' that runs' if runs_only else ''} in {', '.join(op.name for op in ops)}{dtypes}; "
+                            f"see `python -m tvm_ops list`")
     return chosen
 
 

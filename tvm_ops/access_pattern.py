@@ -5,7 +5,7 @@ are: bilinear corners gathered at random rows, updates scattered to rows that ot
 updates also hit. Their roofline is a microbenchmark of that pattern: the same row
 addresses in the same order, summed (a gather) or added to (a scatter), with no other
 arithmetic. A case's testing module states its pattern (`access_pattern(inputs, params)`),
-in its CPU kernel's order; the bench times it in the same run (`bench.pattern_seconds`)
+in its CPU kernel's order; the bench times it in the same run (`bench.pattern_roofline`)
 and takes it as the case's roofline in place of the bytes one.
 
 A pattern is a [R, W] table and G groups in CSR form: group g touches the rows

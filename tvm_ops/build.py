@@ -1,10 +1,11 @@
 """Compile, cache and load kernel libraries.
 
-One library per (operator, dtype, target, knobs) holds all of the operator's kernels,
-with symbolic shapes, so one build serves every shape. A library lives in a directory
-named by its key: a hash of the source of the modules that shape its kernels (the
-operator's compute and schedule modules and the tvm_ops modules they import), its plan,
-knobs, target and TVM version. Any change to one of them gives a new name, so a stale
+One library per (operator, dtype, target, knobs, one-core or not) holds the kernels its
+target's launch runs, with symbolic shapes, so one build serves every shape. A library
+lives in a directory named by its key: a hash of the source of the modules that shape its
+kernels (the operator's own module, its compute and schedule modules and the tvm_ops
+modules they import), its plan, knobs, dtype, target, one-core flag, TVM version and the
+cache's FORMAT_VERSION. Any change to one of them gives a new name, so a stale
 library is never loaded, and the key is found without building or scheduling anything.
 
 Each directory holds lib.so, the generated source (LLVM IR and assembly, or CUDA C and

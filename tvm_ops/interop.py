@@ -2,8 +2,9 @@
 
 `describe` reads only metadata, so every check runs before any data is
 touched (a 2^31-element broadcast view is rejected, never copied).
-`Arrays` then materialises contiguous inputs and allocates outputs of the
-caller's kind; the kernels receive them directly (TVM's FFI takes numpy and
+The call plan (invocation.CallPlan) then makes inputs contiguous
+(`make_contiguous`) and allocates outputs of the caller's kind (`allocator`,
+`empty_like_kind`); the kernels receive them directly (TVM's FFI takes numpy and
 torch tensors through DLPack).
 """
 

@@ -24,7 +24,7 @@ def data_file(folder: str, op: str):
 
 
 def cache_dir() -> Path:
-    """Where built libraries go: $TVM_OPS_CACHE_DIR, else ~/.cache/tvm_ops."""
+    """Where built libraries go: $TVM_OPS_CACHE_DIR, else $XDG_CACHE_HOME/tvm_ops, else ~/.cache/tvm_ops."""
     return _cache_dir(os.environ.get("TVM_OPS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"),
                       os.environ.get("HOME"))
 

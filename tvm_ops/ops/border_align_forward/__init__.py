@@ -11,8 +11,9 @@ seed's NHWC): input [N, H, W, 4C], boxes [N, K, 4] (x0, y0, x1, y1), output and 
 compares in float32 and rounds the max once. Contract: specs/border_align_forward.yaml.
 
 Kernels (a TensorIR compute scheduled per target in schedule.py; every dimension and
-pool_size symbolic): `border` and, on the CPU, `border_tail` (the last vector of channels
-again when C % vector != 0: same bits) and `border_small` (C < vector, scalar).
+pool_size symbolic): `border`, `to_nhwc` (a channels-first input, mmcv's NCHW view, into
+the NHWC workspace the others read) and, on the CPU, `border_tail` (the last vector of
+channels again when C % vector != 0: same bits) and `border_small` (C < vector, scalar).
   CPU: owner computes, a box per parallel task; its samples' cells and weights once, then
       per (border, channel vector) the max over the samples in registers.
   CUDA: a thread per (n, k, border, channel), as mmcv.

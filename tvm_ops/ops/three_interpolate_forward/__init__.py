@@ -6,16 +6,17 @@ drops NaN / inf weights at those positions), so this is the exact adjoint of
 three_interpolate_backward. float16 multiplies and sums in float32 and rounds once.
 Semantics: docs/semantics.md; the contract: specs/three_interpolate_forward.yaml.
 
-Kernels (B, C, M and N symbolic): `three_interpolate_forward_tiles`,
-`three_interpolate_forward` and, on the CPU, `three_interpolate_forward_small` (N below
-the vector width, or float16 with M < 2: one point at a time).
+Kernels (B, C, M and N symbolic): `three_interpolate_forward` (both targets) and, on the
+CPU, `three_interpolate_forward_tiles` and `three_interpolate_forward_small` (N below the
+vector width, or float16 with M < 2: one point at a time).
   CPU, tiles plan (the default): a parallel task per (batch, block of `lanes` channels)
       transposes its features into a [M, lanes] float32 workspace, so that each neighbour's
       channels are one vector load; per block of `lanes` points it sums the three
       neighbours' vectors per point into a tile, then transposes the tile into the output
       (lane shuffles, ops/lane_transpose.py). No gather instruction: on AMD's Zen 4 the gather
       plan ran 2.5-4.5x slower (docs/kernels/three_interpolate_forward.md). Below a vector of
-      channels, points or features, and for the last C % lanes channels, the gather plan.
+      channels or features, and for the last C % lanes channels, the gather plan; below a
+      vector of points the `_small` kernel.
   CPU, gather plan: points in vectors, the three features of each lane fetched by one
       vector gather (llvm.masked.gather), outputs stored as whole vectors. Both written in
       their scheduled form (compute.tiles_compute, gather_compute): TVM's LLVM codegen

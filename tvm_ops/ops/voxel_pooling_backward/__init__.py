@@ -5,7 +5,8 @@ With (b', y, x) = pos_memo[b, n] (voxel_pooling_forward's: (b, y, x) for a kept 
     grad_input_features[b, n, :] = grad_output[b, y, x, :] if kept else 0
 Contract: specs/voxel_pooling_backward.yaml.
 
-One kernel, `gather`: a gather, not a scatter. Each point owns its output row and writes it
+One kernel, `gather` (with its copies for C = 64 and 80, ops/fixed_channels.py, which
+launch runs at those C): a gather, not a scatter. Each point owns its output row and writes it
 once (no zero-fill, no atomics, the same bits on every run, thread count and target). Any
 int32 in pos_memo is accepted: grad_output is read only under the test that the row is
 kept, and a row that is not kept stores zeros.

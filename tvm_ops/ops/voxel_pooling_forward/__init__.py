@@ -7,7 +7,8 @@ A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
 Contract: specs/voxel_pooling_forward.yaml.
 
 Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the CPU
-`pool` or `pool_first_touch` (owner = batch x band of output rows, every channel), on CUDA `pool`
+`pool` or `pool_first_touch` (owner = batch x band of output rows, every channel; at C = 64
+and 80 their copies with C fixed, ops/fixed_channels.py), on CUDA `pool`
 (a warp per point); with the CPU's `algorithm: sort`, `sort_points` and `segment_sum` instead
 (the BEVPool route; the same bits, measured slower: docs/kernels/voxel_pooling_forward.md).
 Coordinates of any int32 value are tested before the store, so nothing outside
