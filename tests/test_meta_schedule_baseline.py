@@ -99,4 +99,4 @@ def test_cli_tune_meta_schedule(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "tvm_ops", "tune", "--op", OP.name, "--meta-schedule",
                               "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k"],
                              env=env, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "does not take --rpc-tracker" in refused.stderr
+    assert refused.returncode == 2 and "takes no --rpc-tracker or --rpc-key" in refused.stderr
