@@ -141,10 +141,14 @@ def test_pool_size_bounds(pool):
         tvm_ops.border_align_forward(feat, boxes, pool)
 
 
-def test_channels_first_input_views_give_the_same_bits():
-    # mmcv's NCHW memory seen as NHWC (functional.border_align passes that): the to_nhwc kernel
-    # converts it; a view with a size-1 dim and a generic strided view take the copy path
-    feat, boxes = make(2, 3, 5, 6, "partly_outside", seed=11)
+@pytest.mark.parametrize("n, h, w, c, dtype", [(2, 3, 5, 6, np.float32), (2, 8, 9, 20, np.float32),
+                                               (1, 40, 30, 17, np.float16)])
+def test_channels_first_input_views_give_the_same_bits(n, h, w, c, dtype):
+    # mmcv's NCHW memory seen as NHWC (functional.border_align passes that): to_channels_last
+    # converts it (squares in registers where 16 positions and channels fit, element by
+    # element elsewhere, tasks of 1024 positions); a view with a size-1 dim and a generic
+    # strided view take the copy path
+    feat, boxes = make(n, h, w, c, "partly_outside", dtype, seed=11)
     expected = tvm_ops.border_align_forward(feat, boxes, 4)
     nchw = np.ascontiguousarray(feat.transpose(0, 3, 1, 2))
     wide = np.zeros(feat.shape[:3] + (2 * feat.shape[3],), feat.dtype)

@@ -211,6 +211,32 @@ def test_non_contiguous_inputs_are_made_contiguous():
     check(grad, memo, tvm_ops.voxel_pooling_backward(wide[..., ::2], memo_t))
 
 
+@pytest.mark.parametrize("b, n, c, y, x", [(1, 50, 7, 3, 5), (2, 300, 80, 17, 33), (2, 500, 19, 40, 40),
+                                           (1, 900, 33, 64, 70), (3, 10, 1, 1, 1), (1, 700, 16, 32, 32)])
+def test_a_channels_first_gradient_is_rewritten_channels_last_with_the_same_bits(path, b, n, c, y, x):
+    # the gradient of functional.voxel_pooling's [B, C, Y, X] view: a [B, Y, X, C] view of
+    # channels-first memory, taken as it is and transposed in registers (ops/channels_last.py):
+    # whole squares, C % 16 channels, positions past the last square and past a task's 1024
+    grad, memo = inputs(b, n, c, y, x, garbage=0.1)
+    channels_first = np.ascontiguousarray(grad.transpose(0, 3, 1, 2))
+    view = channels_first.transpose(0, 2, 3, 1)
+    check(grad, memo, tvm_ops.voxel_pooling_backward(view, memo))
+    plan = OP._calls.get(OP._signature({"grad_output": view, "pos_memo": memo}, {}, "llvm",
+                                       {"grad_input_features": None}))
+    # with one channel or one position the view is contiguous already: the plain gather
+    assert plan.problem.notes["channels_first"] == (not view.flags.c_contiguous) == (c > 1 and y * x > 1)
+
+
+@requires_torch
+def test_a_torch_channels_first_gradient_takes_the_same_path():
+    import torch
+
+    grad, memo = inputs(2, 300, 80, 17, 33, garbage=0.1)
+    view = torch.from_numpy(np.ascontiguousarray(grad.transpose(0, 3, 1, 2))).permute(0, 2, 3, 1)
+    result = tvm_ops.voxel_pooling_backward(view, torch.from_numpy(memo))
+    check(grad, memo, result.numpy())
+
+
 GRAD, MEMO = inputs(2, 6, 4, 3, 5)
 
 

@@ -11,9 +11,10 @@ seed's NHWC): input [N, H, W, 4C], boxes [N, K, 4] (x0, y0, x1, y1), output and 
 compares in float32 and rounds the max once. Contract: specs/border_align_forward.yaml.
 
 Kernels (a TensorIR compute scheduled per target in schedule.py; every dimension and
-pool_size symbolic): `border`, `to_nhwc` (a channels-first input, mmcv's NCHW view, into
-the NHWC workspace the others read) and, on the CPU, `border_tail` (the last vector of
-channels again when C % vector != 0: same bits) and `border_small` (C < vector, scalar).
+pool_size symbolic): `border`; a channels-first input (mmcv's NCHW memory seen as NHWC) into
+the NHWC workspace the others read, `to_channels_last` on the CPU (ops/channels_last.py),
+`to_nhwc` on CUDA; on the CPU `border_tail` (the last vector of channels again when
+C % vector != 0: same bits) and `border_small` (C < vector, scalar).
   CPU: owner computes, a box per parallel task; its samples' cells and weights once, then
       per (border, channel vector) the max over the samples in registers.
   CUDA: a thread per (n, k, border, channel), as mmcv.
@@ -27,10 +28,9 @@ reads outside `input`.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ...errors import BadParamError
 from ..base import Operator
+from ..channels_last import channels_first, is_channels_first_view, to_channels_last_compute
 from ..point_vectors import plan_vector
 from . import schedule
 from .compute import KERNELS, forward_compute, to_nhwc_compute
@@ -54,11 +54,11 @@ class BorderAlignForward(Operator):
         if pool > MAX_POOL_SIZE:
             raise BadParamError(f"{op}: pool_size must be at most {MAX_POOL_SIZE} (the work per output is "
                                 f"pool_size + 1 samples), got {pool}")
-        problem.notes["channels_first"] = _channels_first(problem.inputs["input"])
+        problem.notes["channels_first"] = is_channels_first_view(problem.inputs["input"])
 
     def taken_as_is(self, problem):
         # a channels-last view of contiguous NCHW memory (mmcv's layout, functional.border_align)
-        # is converted by the to_nhwc kernel, several times faster than a generic copy
+        # is converted by to_channels_last (CPU) or to_nhwc (CUDA), faster than a generic copy
         return ("input",) if problem.notes["channels_first"] else ()
 
     def workspaces(self, problem, plan):
@@ -78,15 +78,20 @@ class BorderAlignForward(Operator):
             v = int(plan["vector"])
             borders = {f"border{suffix}": forward_compute(dtype, part, v)
                        for suffix, part in (("", "main"), ("_tail", "tail"), ("_small", "small"))}
-        else:  # every channel in one kernel
-            borders = {"border": forward_compute(dtype)}
-        return {**borders, "to_nhwc": to_nhwc_compute(dtype)}
+            return {**borders, "to_channels_last": to_channels_last_compute(dtype, model.lanes("float32"))}
+        # CUDA: every channel in one kernel
+        return {"border": forward_compute(dtype), "to_nhwc": to_nhwc_compute(dtype)}
 
     def launch(self, kernels, problem, tensors):
         feat = tensors["input"]
         if problem.notes["channels_first"]:
-            kernels["to_nhwc"](_as_nchw(feat), tensors["input_nhwc"])
-            feat = tensors["input_nhwc"]
+            n, h, w, q = feat.shape
+            nhwc = tensors["input_nhwc"]
+            if problem.device == "cpu":
+                kernels["to_channels_last"](channels_first(feat), nhwc.reshape(n, h * w, q))
+            else:
+                kernels["to_nhwc"](channels_first(feat).reshape(n, q, h, w), nhwc)
+            feat = nhwc
         args = [feat] + [tensors[t] for t in ("boxes", "output", "argmax_idx")] + [problem.params["pool_size"]]
         c = problem.sizes["C"]
         if problem.device == "cuda":
@@ -99,30 +104,6 @@ class BorderAlignForward(Operator):
         kernels["border"](*args)
         if c % v:
             kernels["border_tail"](*args)  # the last v channels again, as one vector
-
-
-def _channels_first(info) -> bool:
-    """Whether an [N, H, W, Q] input is a permuted view of a contiguous [N, Q, H, W] tensor."""
-    if info.ready:
-        return False
-    value = info.value
-    n, h, w, q = info.shape
-    if isinstance(value, np.ndarray):
-        strides = tuple(s // value.itemsize for s in value.strides)
-        if not (value.dtype.isnative and value.flags.writeable):
-            return False
-    else:
-        strides = tuple(value.stride())
-    expected = (q * h * w, w, 1, h * w)
-    # sizes of 1 may carry any stride; only the others must match
-    return all(size == 1 or stride == want for size, stride, want in zip((n, h, w, q), strides, expected))
-
-
-def _as_nchw(feat):
-    """The contiguous [N, Q, H, W] tensor behind a channels-first [N, H, W, Q] view."""
-    if isinstance(feat, np.ndarray):
-        return np.ascontiguousarray(feat.transpose(0, 3, 1, 2))  # a view already: no copy
-    return feat.permute(0, 3, 1, 2).contiguous()
 
 
 OP = BorderAlignForward()

@@ -2,8 +2,9 @@
 
 Kernels: `border` (channels in whole vectors on the CPU, all channels on CUDA),
 `border_tail` (the last vector of channels when C % vector != 0) and `border_small`
-(C < vector, scalar) on the CPU (CUDA builds `border` alone), and `to_nhwc` (a
-channels-first input to the layout the others read)."""
+(C < vector, scalar) on the CPU (CUDA builds `border` alone), and a channels-first input
+to the layout the others read: `to_channels_last` on the CPU (written in its scheduled
+form, ops/channels_last.py), `to_nhwc` on CUDA."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ def llvm(sch, kernel, model, plan):
     are walked, and are stored once."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    if kernel == "to_nhwc":
-        _transpose(sch)
+    if kernel == "to_channels_last":
         return
     block = sch.get_sblock("border")
     n, k, s, i, co, ci = sch.get_loops(block)
@@ -39,16 +39,6 @@ def llvm(sch, kernel, model, plan):
     sch.compute_at(sample, box)
     _, sample_i, _ = sch.get_loops(sample)[1:]
     sch.compute_at(sch.get_sblock("position"), sample_i)  # (x, y) per sample: registers
-
-
-def _transpose(sch):
-    """[N, Q, H, W] -> [N, H, W, Q]: a task per (n, row), written along channels. One row's
-    reads (Q lines of W columns) stay in L2, so the plain order beat tiles of 8 and 16 (2.1 ms
-    against 3.4 and 5.4 ms, and torch's permute-copy 2.4 ms, on the border_align network
-    case's [2, 1024, 25, 38]). Rows and columns are not fused: the fused index would cost a
-    division per element."""
-    n, y, _x, _q = sch.get_loops(sch.get_sblock("to_nhwc"))
-    sch.parallel(sch.fuse(n, y))
 
 
 def cuda(sch, kernel, model, plan):

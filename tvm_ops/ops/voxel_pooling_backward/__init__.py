@@ -6,7 +6,10 @@ With (b', y, x) = pos_memo[b, n] (voxel_pooling_forward's: (b, y, x) for a kept 
 Contract: specs/voxel_pooling_backward.yaml.
 
 One kernel, `gather` (with its copies for C = 64 and 80, ops/fixed_channels.py, which
-launch runs at those C): a gather, not a scatter. Each point owns its output row and writes it
+launch runs at those C): a gather, not a scatter. On the CPU a grad_output that is a
+[B, Y, X, C] view of [B, C, Y, X] memory (the gradient of functional.voxel_pooling's
+permuted output) is first rewritten channels-last by `to_channels_last`
+(ops/channels_last.py) into a workspace. Each point owns its output row and writes it
 once (no zero-fill, no atomics, the same bits on every run, thread count and target). Any
 int32 in pos_memo is accepted: grad_output is read only under the test that the row is
 kept, and a row that is not kept stores zeros.
@@ -24,13 +27,30 @@ from __future__ import annotations
 from ... import policy
 from .. import fixed_channels
 from ..base import Operator
+from ..channels_last import channels_first, is_channels_first_view, to_channels_last_compute
 from . import compute, schedule
 
 
 class VoxelPoolingBackward(Operator):
     name = "voxel_pooling_backward"
-    kernel_names = ("gather", *fixed_channels.names("gather"))
+    kernel_names = ("to_channels_last", "gather", *fixed_channels.names("gather"))
     recipe = schedule
+
+    def rules(self, problem):
+        # the gradient of functional.voxel_pooling's [B, C, Y, X] view arrives as a [B, Y, X, C]
+        # view of channels-first memory: on the CPU to_channels_last rewrites it (several times
+        # faster than a generic copy) into a workspace the gather reads
+        problem.notes["channels_first"] = (problem.device == "cpu"
+                                           and is_channels_first_view(problem.inputs["grad_output"]))
+
+    def taken_as_is(self, problem):
+        return ("grad_output",) if problem.notes["channels_first"] else ()
+
+    def workspaces(self, problem, plan):
+        if not problem.notes["channels_first"]:
+            return {}
+        s = problem.sizes
+        return {"grad_rows": ((s["B"], s["Y"] * s["X"], s["C"]), problem.dtype)}
 
     def plan(self, model, knobs):
         """The seed's split of points over the cores, with nothing staged on chip: the plan is
@@ -46,11 +66,19 @@ class VoxelPoolingBackward(Operator):
                 "prefetch_points": int(knobs["prefetch_points"]), "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
-        return compute.computes(dtype, plan, model.kind)
+        kernels = compute.computes(dtype, plan, model.kind)
+        if model.kind == "llvm":
+            kernels["to_channels_last"] = to_channels_last_compute(dtype, model.lanes("float32"))
+        return kernels
 
     def launch(self, kernels, problem, tensors):
+        grad = tensors["grad_output"]
+        if problem.notes["channels_first"]:
+            rows = tensors["grad_rows"]
+            kernels["to_channels_last"](channels_first(grad), rows)
+            grad = rows.reshape(grad.shape)  # [B, Y * X, C] -> [B, Y, X, C]: a view
         gather = fixed_channels.pick("gather", problem.sizes["C"]) if problem.device == "cpu" else "gather"
-        kernels[gather](tensors["grad_output"], tensors["pos_memo"], tensors["grad_input_features"])
+        kernels[gather](grad, tensors["pos_memo"], tensors["grad_input_features"])
 
 
 OP = VoxelPoolingBackward()
