@@ -166,6 +166,18 @@ def test_int64_coordinates_are_taken_when_they_fit():
     torch.testing.assert_close(ours, tf.dynamic_scatter(feats, coors, "sum"))
 
 
+def test_int64_coordinates_below_int32_are_dropped_like_any_negative_one():
+    # a point with a negative coordinate is dropped however negative; above int32 a row
+    # cannot be held and is refused (below)
+    feats, coors = point_cloud(seed=13)
+    far = coors.long()
+    far[::3, 1] = -(2**40)
+    near = coors.clone()
+    near[::3, 1] = -1
+    torch.testing.assert_close(tf.dynamic_scatter(feats, far, "sum"), tf.dynamic_scatter(feats, near, "sum"))
+    assert (far[::3, 1] == -(2**40)).all()  # the caller's tensor is left as it was
+
+
 def test_bad_input_reaches_the_caller_as_a_bad_param_error():
     feats, coors = point_cloud(seed=12)
     with pytest.raises(tvm_ops.BadParamError, match="dynamic_scatter: coors holds values outside int32"):

@@ -41,27 +41,32 @@ def _kernel_input(tensor: Tensor) -> Tensor:
     return tensor.detach()
 
 
-def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn") -> Tensor:
+def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn", negative_dropped: bool = False) -> Tensor:
     """An index tensor as the kernels take it: int32 as given; int64 (what mmcv's callers pass)
-    converted once its values are known to fit. The values are read on the host on every call
-    for CPU tensors and once per tensor and version for CUDA ones (the converted tensor is kept
-    with them, so the kernels' own value checks find it again: no per-call synchronisation)."""
+    converted once its values are known to fit (with negative_dropped, where any negative value
+    means the same, values below int32 become -1). The values are read on the host on every
+    call for CPU tensors and once per tensor and version for CUDA ones (the converted tensor is
+    kept with them, so the kernels' own value checks find it again: no per-call
+    synchronisation)."""
     tensor = tensor.detach()
     if tensor.dtype != torch.int64:
         return tensor  # int32 as it is; other dtypes: the operator's checks name them
     if tensor.device.type == "cpu":
-        _require_int32(interop.host_array(tensor), name, function)
-        return tensor.to(torch.int32)
-    return interop.per_version(tensor, name, lambda t, n: _int32_twin(t, n, function))
+        return _int32_twin(tensor, name, function, negative_dropped)
+    return interop.per_version(tensor, (name, negative_dropped),
+                               lambda t, _: _int32_twin(t, name, function, negative_dropped))
 
 
-def _int32_twin(tensor: Tensor, name: str, function: str) -> Tensor:
-    _require_int32(interop.host_array(tensor), name, function)
+def _int32_twin(tensor: Tensor, name: str, function: str, negative_dropped: bool) -> Tensor:
+    values = interop.host_array(tensor)
+    _require_int32(values, name, function, INT32_MIN if not negative_dropped else -(2**63))
+    if negative_dropped and values.size and values.min() < INT32_MIN:
+        tensor = tensor.clamp(min=-1)  # still negative: dropped as before
     return tensor.to(torch.int32)
 
 
-def _require_int32(values: np.ndarray, name: str, function: str) -> None:
-    if values.size and (values.min() < INT32_MIN or values.max() > INT32_MAX):
+def _require_int32(values: np.ndarray, name: str, function: str, least: int = INT32_MIN) -> None:
+    if values.size and (values.min() < least or values.max() > INT32_MAX):
         raise BadParamError(f"{function}: {name} holds values outside int32 "
                             f"[{values.min()}, {values.max()}]; the kernels index with int32")
 
@@ -461,8 +466,10 @@ def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tens
 def _scatter_forward(feats: Tensor, coors: Tensor, reduce_type: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from .ops.dynamic_scatter_forward import dynamic_scatter_forward
 
-    return dynamic_scatter_forward(_kernel_input(feats), _int32(coors, "coors", "dynamic_scatter"), reduce_type,
-                                   target=_target(feats))
+    # a point with any negative coordinate is dropped, however negative: int64 ones below
+    # int32 are taken as -1
+    return dynamic_scatter_forward(_kernel_input(feats), _int32(coors, "coors", "dynamic_scatter", True),
+                                   reduce_type, target=_target(feats))
 
 
 @_scatter_forward.register_fake
@@ -512,7 +519,7 @@ _scatter_forward.register_autograd(_scatter_grad, setup_context=_scatter_setup_c
 
 def dynamic_scatter(feats: Tensor, coors: Tensor, reduce_type: str = "max") -> tuple[Tensor, Tensor]:
     """mmcv's `dynamic_scatter` (DynamicScatterFunction.apply): feats [N, C] float32, coors
-    [N, D] (int32, or int64 that fits) -> (voxel_feats [M, C], voxel_coors [M, D] int32): the
+    [N, D] (int32, or int64 up to INT32_MAX) -> (voxel_feats [M, C], voxel_coors [M, D] int32): the
     distinct coordinate rows of the points without a negative coordinate, in lexicographic
     order, and the max, sum or mean of each one's points' features (in point order: the same
     bits every run, on CPU and CUDA). Differentiable in feats (the backward is
