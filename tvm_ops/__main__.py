@@ -110,15 +110,6 @@ def cmd_build(args) -> int:
     return 0
 
 
-def _require_case(ops: list, name: str | None) -> None:
-    """BadParamError when --case names no case of the selected operators."""
-    from .errors import BadParamError
-
-    if name is not None and not any(c.name == name for op in ops for c in op.spec.cases):
-        raise BadParamError(f"no spec case named {name!r} in {', '.join(op.name for op in ops)}; "
-                            f"see `python -m tvm_ops list`")
-
-
 def _selected(ops: list, which: str, name: str | None, dtype: str, runs_only: bool = False) -> list:
     """[(op, case, dtypes)]: the cases of set `which` (`name`'s alone when given; with runs_only
     not those that expect an error) in the dtypes `dtype` selects ("all" or one) that the case
@@ -126,8 +117,10 @@ def _selected(ops: list, which: str, name: str | None, dtype: str, runs_only: bo
     success would hide a typo."""
     from .errors import BadParamError
 
-    _require_case(ops, name)
     named = [c for op in ops for c in op.spec.cases if c.name == name]
+    if name is not None and not named:
+        raise BadParamError(f"no spec case named {name!r} in {', '.join(op.name for op in ops)}; "
+                            f"see `python -m tvm_ops list`")
     if named and not any(c.set == which or which == "all" for c in named):
         raise BadParamError(f"case {name} is in the {named[0].set} set, not {which}; "
                             f"add --cases {named[0].set} (or all)")
@@ -262,8 +255,9 @@ def _functions_running(op_name: str, case_name: str | None) -> list[str]:
         raise BadParamError(f"no torch function runs {op_name}; bench --functions times "
                             + ", ".join(f"{name} ({' + '.join(ops)})" for name, ops in FUNCTION_OPS.items()))
     if case_name:  # a function's cases are its forward operator's network cases
-        _selected([get(FUNCTION_OPS[name][0]) for name in names], "network", case_name, "float32", runs_only=True)
-        names = [name for name in names if any(c.name == case_name for c in get(FUNCTION_OPS[name][0]).spec.cases)]
+        chosen = _selected([get(FUNCTION_OPS[name][0]) for name in names], "network", case_name, "float32",
+                           runs_only=True)
+        names = [name for name in names if any(op.name == FUNCTION_OPS[name][0] for op, _, _ in chosen)]
     return names
 
 
@@ -286,7 +280,7 @@ def _overhead(args, model) -> int:
     from . import overhead, targets
     from .errors import NotSupportedError
 
-    if model.kind != "llvm" or model.key != targets.resolve("llvm").key:
+    if model.key != targets.resolve("llvm").key:
         raise NotSupportedError("bench --overhead measures the calls a caller makes on the host's default target "
                                 "(llvm); it takes no other --target")
     print(f"# host time per repeated call, best of {args.blocks} blocks of {args.calls} calls; "

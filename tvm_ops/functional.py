@@ -59,16 +59,14 @@ def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn", negative
 
 def _int32_twin(tensor: Tensor, name: str, function: str, negative_dropped: bool) -> Tensor:
     values = interop.host_array(tensor)
-    _require_int32(values, name, function, INT32_MIN if not negative_dropped else -(2**63))
-    if negative_dropped and values.size and values.min() < INT32_MIN:
-        tensor = tensor.clamp(min=-1)  # still negative: dropped as before
+    if values.size:
+        low, high = values.min(), values.max()
+        if high > INT32_MAX or (low < INT32_MIN and not negative_dropped):
+            raise BadParamError(f"{function}: {name} holds values outside int32 [{low}, {high}]; the kernels "
+                                f"index with int32")
+        if low < INT32_MIN:  # still negative: dropped as before
+            tensor = tensor.clamp(min=-1)
     return tensor.to(torch.int32)
-
-
-def _require_int32(values: np.ndarray, name: str, function: str, least: int = INT32_MIN) -> None:
-    if values.size and (values.min() < least or values.max() > INT32_MAX):
-        raise BadParamError(f"{function}: {name} holds values outside int32 "
-                            f"[{values.min()}, {values.max()}]; the kernels index with int32")
 
 
 def _one_device(function: str, **tensors) -> None:

@@ -11,9 +11,10 @@ next output of the same byte size, like PyTorch's CUDA caching allocator. A bloc
 goes back only when no array or view of it is alive (a weak reference on the
 ctypes object every view keeps as its base), so two live outputs never share
 memory. Blocks are private mappings: a forked child's copy of an output is its own
-(copy on write), and a child starts with no free blocks. Reused memory is not zeroed: the CPU kernels write every element of
-their outputs (np.empty gives no zeros either), and outputs that must start at
-zero are allocated with np.zeros, never from here.
+(copy on write), and a child starts with no free blocks. Reused memory is not
+zeroed: the CPU kernels write every element of their outputs (np.empty gives no
+zeros either), and outputs that must start at zero are allocated with np.zeros,
+never from here.
 
 A large uninitialised CPU torch output is `torch.from_numpy` of such an array
 (interop.empty_like_kind): PyTorch's CPU allocator maps a fresh block for each large

@@ -57,6 +57,13 @@ def channels_first(value):
     return value.permute(order).reshape(batch, channels, -1)
 
 
+def rewritten(to_channels_last, value, rows):
+    """`rows` (contiguous, of value's shape [B, *plane, C]) filled by the to_channels_last
+    kernel from the channels-first view `value`, and returned: the same values, channels last."""
+    to_channels_last(channels_first(value), rows.reshape(value.shape[0], -1, value.shape[-1]))
+    return rows
+
+
 def to_channels_last_compute(dtype: str, lanes: int):
     """src [B, C, P] -> dst [B, P, C] of one dtype: whole squares through registers, the edges
     element by element; a task per (batch, CHUNK positions)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ...errors import BadParamError
 from ..base import Operator
-from ..channels_last import channels_first, is_channels_first_view, to_channels_last_compute
+from ..channels_last import channels_first, is_channels_first_view, rewritten, to_channels_last_compute
 from ..point_vectors import plan_vector
 from . import schedule
 from .compute import KERNELS, forward_compute, to_nhwc_compute
@@ -85,13 +85,13 @@ class BorderAlignForward(Operator):
     def launch(self, kernels, problem, tensors):
         feat = tensors["input"]
         if problem.notes["channels_first"]:
-            n, h, w, q = feat.shape
             nhwc = tensors["input_nhwc"]
             if problem.device == "cpu":
-                kernels["to_channels_last"](channels_first(feat), nhwc.reshape(n, h * w, q))
+                feat = rewritten(kernels["to_channels_last"], feat, nhwc)
             else:
+                n, h, w, q = feat.shape
                 kernels["to_nhwc"](channels_first(feat).reshape(n, q, h, w), nhwc)
-            feat = nhwc
+                feat = nhwc
         args = [feat] + [tensors[t] for t in ("boxes", "output", "argmax_idx")] + [problem.params["pool_size"]]
         c = problem.sizes["C"]
         if problem.device == "cuda":

@@ -297,7 +297,8 @@ def _with_columns(func, columns: int):
 
 def group_computes(kind: str, tile: int) -> dict:
     """Both grouping plans' kernels (a library builds its plan's); N, D, the permutation's
-    length P and the chunk count G symbolic; the chunk_* kernels take the chunk length as an argument (CHUNK, from the plan).
+    length P and the chunk count G symbolic; the chunk_* kernels take the chunk length as an
+    argument (CHUNK, from the plan).
     `kind`: the target's (llvm, cuda), for the bitonic plan's per-element buffers; `tile`:
     the entries (a power of two) bitonic_tile sorts in one CUDA block's shared memory, a
     lane (thread) per entry (on the CPU a loop, a tile at a time)."""

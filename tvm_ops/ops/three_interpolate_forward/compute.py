@@ -152,8 +152,9 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
        channels); each A[v] transposed in place and stored as L output rows.
 
     The same float32 terms in the same order as forward_compute: the same bits. Needs
-    M >= L and N >= L (else the gather plan, or the _small kernel below a vector of points); the last block's whole vectors of channels
-    run one at a time, its last C % L channels the gather plan's walk."""
+    M >= L and N >= L (else the gather plan, or the _small kernel below a vector of
+    points); the last block's whole vectors of channels run one at a time, its last C % L
+    channels the gather plan's walk."""
     L, CW = lanes, channel_vectors * lanes
     scratch = scratch_scope("llvm")
     walk_points = _walk_points_macro(dtype, lanes)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from ... import policy
 from .. import fixed_channels
 from ..base import Operator
-from ..channels_last import channels_first, is_channels_first_view, to_channels_last_compute
+from ..channels_last import is_channels_first_view, rewritten, to_channels_last_compute
 from . import compute, schedule
 
 
@@ -50,7 +50,7 @@ class VoxelPoolingBackward(Operator):
         if not problem.notes["channels_first"]:
             return {}
         s = problem.sizes
-        return {"grad_rows": ((s["B"], s["Y"] * s["X"], s["C"]), problem.dtype)}
+        return {"grad_rows": ((s["B"], s["Y"], s["X"], s["C"]), problem.dtype)}
 
     def plan(self, model, knobs):
         """The seed's split of points over the cores, with nothing staged on chip: the plan is
@@ -74,9 +74,7 @@ class VoxelPoolingBackward(Operator):
     def launch(self, kernels, problem, tensors):
         grad = tensors["grad_output"]
         if problem.notes["channels_first"]:
-            rows = tensors["grad_rows"]
-            kernels["to_channels_last"](channels_first(grad), rows)
-            grad = rows.reshape(grad.shape)  # [B, Y * X, C] -> [B, Y, X, C]: a view
+            grad = rewritten(kernels["to_channels_last"], grad, tensors["grad_rows"])
         gather = fixed_channels.pick("gather", problem.sizes["C"]) if problem.device == "cpu" else "gather"
         kernels[gather](grad, tensors["pos_memo"], tensors["grad_input_features"])
 
