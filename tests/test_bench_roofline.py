@@ -97,3 +97,19 @@ def test_only_a_dram_case_times_the_read_kernel():
     if targets.cache_bytes(2):
         cached = bench.bytes_roofline(model, 1024, 1e6, repeat=1, reads=512)
         assert cached.name in ("L2", "L3") and bench.READ_TIMING not in cached.timings
+
+
+def test_a_case_beyond_half_the_l3_is_also_held_to_the_copy_at_its_size():
+    model = targets.resolve("llvm")
+    l3 = targets.cache_bytes(3)
+    if not l3:
+        pytest.skip("the OS does not give this CPU's L3 size")
+    partly = bench.bytes_roofline(model, l3, 1e6, repeat=1, reads=l3 / 2)
+    assert partly.name == "DRAM" and bench.AT_SIZE_TIMING in partly.timings and bench.READ_TIMING in partly.timings
+    assert partly.at_size_moved == pytest.approx(l3, rel=0.01)
+    beyond = bench.bytes_roofline(model, (bench.PARTLY_CACHED_L3 + 1) * l3, 1e6, repeat=1)
+    assert bench.AT_SIZE_TIMING not in beyond.timings
+    copy, at_size = "roofline copy", bench.AT_SIZE_TIMING
+    bound = bench.Roofline("DRAM", 2.0, {copy: None, at_size: None}, at_size_moved=6.0)
+    assert (bound.bandwidth({copy: 1.0, at_size: 2.0}), bound.label({copy: 1.0, at_size: 2.0})) == (3.0, "L3/DRAM")
+    assert (bound.bandwidth({copy: 1.0, at_size: 6.0}), bound.label({copy: 1.0, at_size: 6.0})) == (2.0, "DRAM")
