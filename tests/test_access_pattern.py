@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from tvm_ops import bench, runner, targets
-from tvm_ops.access_pattern import AHEADS, STREAM_MIN_BYTES, AccessPattern, csr, fixed_groups, run_pattern, streamable
+from tvm_ops.access_pattern import (AHEADS, STREAM_MIN_BYTES, STREAMED_TASK_GROUPS, AccessPattern, csr, fixed_groups,
+                                    run_pattern, streamable)
 from tvm_ops.ops import cpu_ir, get
 from tvm_ops.testing import material
 
@@ -37,10 +38,11 @@ def test_the_gather_sums_each_groups_rows(width, ahead):
 @pytest.mark.parametrize("width", [16, 80, 512])
 def test_the_streamed_gather_writes_the_same_sums(width):
     rng = np.random.default_rng(width)
-    pattern, index, used = _random_pattern(rng, 50, width, 200, 3, gather=True, scatter=False)
+    groups = 2 * STREAMED_TASK_GROUPS + 200  # whole tasks and a tail
+    pattern, index, used = _random_pattern(rng, 50, width, groups, 3, gather=True, scatter=False)
     table = rng.uniform(-1, 1, (50, width)).astype(np.float32)
-    _, cached = run_pattern(MODEL, pattern, table, np.zeros((200, width)))
-    _, streamed = run_pattern(MODEL, pattern, table, np.zeros((200, width)), streamed=True)
+    _, cached = run_pattern(MODEL, pattern, table, np.zeros((groups, width)))
+    _, streamed = run_pattern(MODEL, pattern, table, np.zeros((groups, width)), streamed=True)
     np.testing.assert_array_equal(streamed, cached)
     assert np.isfinite(streamed).all() and (streamed != 0).any()
 
