@@ -111,6 +111,7 @@ def test_a_failure_exits_non_zero_with_one_line(args):
                                   ("tune", "--op", "three_nn", "--trials", "0"),
                                   ("tune", "--op", "three_nn", "--timeout", "nan"),
                                   ("bench", "--json", "/no/such/folder/bench.json"),
+                                  ("bench", "--json", "/proc/self/bench.json"),  # no file can be made there, root or not
                                   ("bench", "--plot", os.path.dirname(__file__)),
                                   ("build", "--op", "voxel_pooling_forward", "--dtype", "float16"),
                                   # an option the mode would ignore, a selection that runs nothing

@@ -60,9 +60,27 @@ def _new_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"the folder of {text} does not exist")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if not _can_write(path):
         raise argparse.ArgumentTypeError(f"{text} cannot be written here (no permission or a read-only folder)")
     return text
+
+
+def _can_write(path: Path) -> bool:
+    """Whether the file can be written: opened for appending where it is a file, created and
+    removed where it does not exist (permission bits alone pass root on a pseudo filesystem,
+    /proc or /sys, where no file can be made)."""
+    try:
+        if path.is_file():
+            with open(path, "a"):
+                return True
+        if path.exists():  # a device or a pipe, which opening could block on
+            return os.access(path, os.W_OK)
+        with open(path, "x"):
+            pass
+        path.unlink()
+        return True
+    except OSError:
+        return False
 
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib writes without extra packages
