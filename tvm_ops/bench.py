@@ -323,7 +323,9 @@ class Roofline:
     DRAM with a READ_TIMING (the read kernel: `read_moved` bytes a run): two cores read
     alone slower than a copy reads and writes together, so a case reading `reads` of its
     `io_bytes` takes at least reads / (the read bandwidth) as well as io_bytes / (the
-    copy's): the slower of the two is its time, io_bytes over it the bandwidth."""
+    copy's): the slower of the two is its time, io_bytes over it the bandwidth. DRAM with
+    an AT_SIZE_TIMING (a partly cached case: the copy at its own size, `at_size_moved`
+    bytes a run): the faster of that copy and the rest is the bandwidth (`label` names it)."""
     name: str
     moved: float
     timings: dict
