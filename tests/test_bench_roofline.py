@@ -1,5 +1,6 @@
 """The bench's rooflines: a case's io efficiency is against the cache level its bytes fit
-in (measured at its size) or DRAM; the compute peak is a measured FMA loop."""
+in (measured at its size), DRAM, or the faster of DRAM and the copy at its size where it is
+partly cached; the compute peak is a measured FMA loop."""
 
 import pytest
 
