@@ -6,7 +6,8 @@ A point n of batch b with geom_xyz[b, n] = (x, y, z) is kept iff
     pos_memo[b, n] = (b, y, x) if kept else (-1, -1, -1)
 Contract: specs/voxel_pooling_forward.yaml.
 
-Kernels, launched in this order: `pos_memo` (spatial over (b, n, k)), then on the CPU
+Kernels, launched in this order: `pos_memo` (CPU: tasks of `memo_chunk` points; CUDA: a
+thread per (b, n, k)), then on the CPU
 `pool` or `pool_first_touch` (owner = batch x band of output rows, every channel; at C = 64
 and 80 their copies with C fixed, ops/fixed_channels.py), on CUDA `pool`
 (a warp per point); with the CPU's `algorithm: sort`, `sort_points` and `segment_sum` instead
@@ -21,7 +22,8 @@ output_features is ever written.
   reach, writes each row's first point over it and zero-fills only the rows left. Every
   output element is summed from zero in the order n = 0..N-1 whatever R and the thread
   count are: the bits are the same on every run, thread count and core count. A band
-  reads every point's coordinates but only its own points' feature rows.
+  reads every point's coordinates; its core streams the whole feature tensor (measured:
+  docs/kernels/voxel_pooling_forward.md).
 - cuda (BEVDepth's plan): atomicAdd into the output, zero-filled on the device before the
   launch; a warp walks `points_per_warp` consecutive points, its lanes over each point's
   channels 32 apart. TVM 0.27 has no schedule primitive that turns a store into an
@@ -96,7 +98,9 @@ class VoxelPoolingForward(Operator):
                 "memo_chunk": int(knobs["memo_chunk"])}
 
     def computes(self, dtype, plan, model):
-        return compute.computes(dtype, plan["vec"], model.kind)
+        if model.kind == "cuda":
+            return compute.cuda_computes(dtype, plan["vec"])
+        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"])
 
     def workspaces(self, problem, plan):
         s = problem.sizes

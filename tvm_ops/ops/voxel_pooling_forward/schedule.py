@@ -28,11 +28,8 @@ def llvm(sch, kernel, model, plan):
         sch.parallel(sch.fuse(b, y, x))
         _vectorize_own_lane_adds(sch, sch.get_sblock("segment_add"), model, plan)
         return
-    if kernel == "pos_memo":
-        b, n, k = sch.get_loops(sch.get_sblock("pos_memo"))
-        chunk, _ = sch.split(n, [None, plan["memo_chunk"]])
-        sch.parallel(sch.fuse(b, chunk))
-        sch.unroll(k)
+    if kernel == "pos_memo":  # tasks of memo_chunk points of a batch (compute._pos_memo_tasks)
+        sch.parallel(sch.fuse(*sch.get_loops(sch.get_sblock("task"))))
         return
     # pool, pool_first_touch: owner = (batch, band of output rows); channel vectors per kept point
     b, r = sch.get_loops(sch.get_sblock("band"))
