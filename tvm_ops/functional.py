@@ -142,7 +142,7 @@ def _msda_setup_context(ctx, inputs, output):
 def _msda_grad(ctx, grad_output):
     value, spatial_shapes, level_start_index, sampling_locations, attention_weights = ctx.saved_tensors
     grad_value, grad_locations, grad_weights = _msda_backward(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights, grad_output.contiguous(),
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights, grad_output,
         ctx.im2col_step)
     return grad_value, None, None, grad_locations, grad_weights, None
 
@@ -217,7 +217,7 @@ def _border_setup_context(ctx, inputs, output):
 
 def _border_grad(ctx, grad_output, _grad_argmax):
     boxes, argmax_idx = ctx.saved_tensors
-    grad_input = _border_backward(grad_output.contiguous(), boxes, argmax_idx, ctx.pool_size, ctx.height,
+    grad_input = _border_backward(grad_output, boxes, argmax_idx, ctx.pool_size, ctx.height,
                                   ctx.width)
     return grad_input, None, None
 
@@ -440,7 +440,7 @@ def _three_interpolate_setup_context(ctx, inputs, output):
 
 def _three_interpolate_grad(ctx, grad_output):
     indices, weight = ctx.saved_tensors
-    grad_features = _three_interpolate_backward(grad_output.contiguous(), indices, weight, ctx.m)
+    grad_features = _three_interpolate_backward(grad_output, indices, weight, ctx.m)
     return grad_features, None, None  # as mmcv: no gradient for the indices or the weights
 
 
@@ -507,7 +507,7 @@ def _scatter_setup_context(ctx, inputs, output):
 
 def _scatter_grad(ctx, grad_voxel_feats, _grad_coors, _grad_map, _grad_count):
     feats, voxel_feats, point2voxel_map, voxel_points_count = ctx.saved_tensors
-    grad_feats = _scatter_backward(grad_voxel_feats.contiguous(), feats, voxel_feats, point2voxel_map,
+    grad_feats = _scatter_backward(grad_voxel_feats, feats, voxel_feats, point2voxel_map,
                                    voxel_points_count, ctx.reduce_type)
     return grad_feats, None, None
 

@@ -115,7 +115,16 @@ def make_contiguous(value):
                     "avoid the copy", "strided or broadcast" if isinstance(value, np.ndarray) else "strided",
                     list(value.shape), nbytes / 1e9)
     if not isinstance(value, np.ndarray):
-        return resolved(value).contiguous()
+        value = resolved(value)
+        shape, dtype = tuple(value.shape), _torch_dtype_name(value.dtype)
+        if value.device.type == "cpu" and dtype in _DTYPES and host_buffers.reused(shape, dtype):
+            # a large copy into a reused host block, as large outputs are: a fresh one faults
+            # in every page (a training step's broadcast gradient of 268 MB: ~65000 faults)
+            import torch
+
+            dense = torch.from_numpy(host_buffers.empty(shape, dtype))
+            return dense.copy_(value)
+        return value.contiguous()
     value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
     if not value.flags.writeable:
         value = np.asarray(_Unmarked(value))
