@@ -190,6 +190,31 @@ def test_a_large_torch_cpu_output_reuses_a_dead_outputs_block(cache):
 
 
 @requires_torch
+def test_a_large_strided_torch_input_is_copied_into_a_reused_block(cache):
+    """A large strided CPU torch input (a sum loss's broadcast gradient) is made dense in a
+    reused block, not in a fresh torch allocation that faults in every page; the call sees
+    the same values either way."""
+    import torch
+
+    import tvm_ops
+    from tvm_ops import interop
+
+    broadcast = torch.tensor(0.5).expand(16, 64)  # every stride 0
+    dense = interop.make_contiguous(broadcast)
+    assert dense.is_contiguous() and bool((dense == 0.5).all())
+    del dense
+    gc.collect()
+    assert cache.cached_bytes() == 16 * 64 * 4  # the copy's block came back to the cache
+    rng = np.random.default_rng(4)
+    idx = torch.from_numpy(rng.integers(0, 8, (2, 32, 3)).astype(np.int32))
+    weight = torch.from_numpy(rng.uniform(0, 1, (2, 32, 3)).astype(np.float32))
+    strided = torch.tensor(1.5).expand(2, 16, 32)
+    got = tvm_ops.three_interpolate_backward(strided, idx, weight, 8)
+    want = tvm_ops.three_interpolate_backward(strided.contiguous(), idx, weight, 8)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@requires_torch
 def test_a_torch_call_returns_its_output_in_a_reused_block(cache):
     """Two calls on torch tensors: the second output lands in the first's block once that
     one is dead, and both hold the right values."""
