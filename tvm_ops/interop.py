@@ -118,12 +118,10 @@ def make_contiguous(value):
         value = resolved(value)
         shape, dtype = tuple(value.shape), _torch_dtype_name(value.dtype)
         if value.device.type == "cpu" and dtype in _DTYPES and host_buffers.reused(shape, dtype):
-            # a large copy into a reused host block, as large outputs are: a fresh one faults
-            # in every page (a training step's broadcast gradient of 268 MB: ~65000 faults)
-            import torch
-
-            dense = torch.from_numpy(host_buffers.empty(shape, dtype))
-            return dense.copy_(value)
+            # a large copy into a reused host block, as large outputs are (empty_like_kind): a
+            # fresh one faults in every page (a training step's broadcast gradient of 268 MB:
+            # ~65000 faults)
+            return empty_like_kind("torch", "cpu", shape, dtype, zero=False).copy_(value)
         return value.contiguous()
     value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
     if not value.flags.writeable:
