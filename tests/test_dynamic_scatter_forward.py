@@ -22,15 +22,18 @@ NAMES = ("voxel_feats", "voxel_coors", "point2voxel_map", "voxel_points_count")
 
 
 # radix: the default (the serial kernel below split_min_points points, the two-part one from
-# there); radix_split: the two-part kernel however few the points
+# there; 10-bit digits below small_sort_keys keys); radix_split: the two-part kernel however
+# few the points; radix_split_wide: the same in 14-bit digits however few the keys
 PLANS = {"radix": {"sort": "radix"}, "radix_split": {"sort": "radix", "split_min_points": 0},
+         "radix_split_wide": {"sort": "radix", "split_min_points": 0, "small_sort_keys": 0},
          "bitonic": {"sort": "bitonic", "tile": 64}}
 
 
 @pytest.fixture(params=list(PLANS.values()), ids=list(PLANS))
 def grouping(request, monkeypatch):
     """Each grouping plan on the CPU: radix (the CPU's; the serial kernel on these few
-    points), radix_split (its two-part kernel, from the first point on), bitonic (the CUDA
+    points), radix_split (its two-part kernel, from the first point on), radix_split_wide
+    (the same sorting in 14-bit digits, as it does from small_sort_keys keys on), bitonic (the CUDA
     plan's kernels, in tiles of 64 entries: from 33 points on, the tile sort, the global
     steps and the tile merges all run)."""
     use_knobs(monkeypatch, OP, request.param)
@@ -59,7 +62,7 @@ def assert_matches_reference(result, feats, coors, reduce_type):
             np.testing.assert_array_equal(value, ref[name], err_msg=name)
 
 
-@pytest.mark.parametrize("plan", ["bitonic", "radix_split"])
+@pytest.mark.parametrize("plan", ["bitonic", "radix_split", "radix_split_wide"])
 @pytest.mark.parametrize("case", [c.name for c in OP.spec.cases if not c.heavy and c.expect == "ok"])
 def test_each_grouping_plan_passes_every_spec_case(case, plan, monkeypatch):
     # the CUDA plan's grouping (network, head flags, chunked scan) run here on the CPU, and
@@ -115,7 +118,7 @@ def test_every_plan_gives_the_same_bits(monkeypatch):
         use_knobs(monkeypatch, OP, knobs)
         results[plan] = [tvm_ops.dynamic_scatter_forward(feats, coors, r) for r in ("max", "sum", "mean")]
         OP.clear_call_cache()
-    for plan in ("radix_split", "bitonic"):
+    for plan in ("radix_split", "radix_split_wide", "bitonic"):
         for a, b in zip(results["radix"], results[plan]):
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)

@@ -24,7 +24,7 @@ from ...errors import BadParamError
 from ..base import Operator
 from ..point_vectors import plan_vector
 from . import schedule
-from .compute import (COARSE, FIXED_COLUMNS, GROUP_KERNELS, KERNELS, REDUCE_WIDTHS, SHARED_WORDS, SPLIT_PARTS,
+from .compute import (COARSE, RADIX_BITS, FIXED_COLUMNS, GROUP_KERNELS, KERNELS, REDUCE_WIDTHS, SHARED_WORDS, SPLIT_PARTS,
                       fill_computes, group_computes)
 
 SORTS = ("radix", "bitonic")  # the grouping plans (the knob `sort`)
@@ -47,11 +47,14 @@ class DynamicScatterForward(Operator):
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
             return dict(plan, threads=int(knobs["threads"]))
         return dict(plan, vector=plan_vector(model, knobs)["vector"], lanes=model.lanes("float32"),
-                    prefetch_points=int(knobs["prefetch_points"]), split_min_points=int(knobs["split_min_points"]))
+                    prefetch_points=int(knobs["prefetch_points"]), split_min_points=int(knobs["split_min_points"]),
+                    small_sort_keys=int(knobs["small_sort_keys"]), small_radix_bits=int(knobs["small_radix_bits"]))
 
     def computes(self, dtype, plan, model):
         grouping = GROUP_KERNELS[plan["sort"]]  # the plan's grouping kernels alone
-        group = {name: func for name, func in group_computes(model.kind, int(plan["tile"])).items() if name in grouping}
+        group = {name: func for name, func in group_computes(
+            model.kind, int(plan["tile"]), int(plan.get("small_sort_keys", 0)),
+            int(plan.get("small_radix_bits", RADIX_BITS))).items() if name in grouping}
         if model.kind == "cuda":  # a thread per channel: one width (launch runs reduce_<type>)
             fill = fill_computes(dtype, (1, 1, 1), 0, model.kind)
             return {**group, **{name: func for name, func in fill.items() if not name.endswith(REDUCE_WIDTHS[1:])}}

@@ -6,8 +6,10 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  largest value). When the widths and the point index's add up to 63 bits
                  or less (MVXNet's grid: 6 + 11 + 11, and 15 for 20k points), each row is
                  packed into one int64 key above its point's index, and the keys are LSD
-                 radix sorted on the row's bits in 14-bit digits (every pass's histogram
-                 counted in the packing sweep, the passes between two buffers in turn);
+                 radix sorted on the row's bits in 14-bit digits, or small_radix_bits-bit
+                 ones below small_sort_keys keys (a pass costs its keys' scatter and its
+                 histogram's zeroing and prefix sum: 2^14 entries outweigh a few thousand
+                 keys; the passes between two buffers in turn);
                  otherwise the rows are sorted column by column, the last first. Both are
                  stable: each voxel's points stay in point order, and no key can overflow.
                  Then one walk marks each voxel's first point (a key or row unlike the
@@ -148,8 +150,8 @@ def _walk_into(order, voxel_of, start, sorted_keys, first, size, index_bits, fla
         voxel_of[first + i] = voxels[0]
 
 
-def _key_digit(key, shift):
-    return T.Cast("int32", T.bitwise_and(T.shift_right(key, shift), T.int64(RADIX - 1)))
+def _key_digit(key, shift, radix_bits):
+    return T.Cast("int32", T.bitwise_and(T.shift_right(key, shift), T.int64((1 << radix_bits) - 1)))
 
 
 def _column_digit(coors, n, d, shift):
@@ -165,52 +167,67 @@ def _digit_counts(hist, kept, digit_of, total):
     for i in range(kept):
         digit = T.Bind(digit_of(i))
         hist[digit] = hist[digit] + 1
-    _first_slots(hist, 1, 0, total)
+    _first_slots(hist, 1, 0, total, RADIX_BITS)
 
 
 @T.macro(hygienic=False)
-def _key_pass(key_hist, src, dst, first, count, pass_, index_bits):
+def _key_pass(key_hist, src, dst, first, count, pass_, index_bits, radix_bits):
     """One stable counting-sort pass of the packed keys src[first:first + count] by row digit
-    `pass_` (above the index_bits of the point index; its histogram's first slots in
-    key_hist[pass_ * RADIX:], advanced as the keys land in dst)."""
+    `pass_` of radix_bits bits (above the index_bits of the point index; its histogram's
+    first slots in key_hist[pass_ << radix_bits:], advanced as the keys land in dst)."""
     for i in range(count):
-        slot_of = T.Bind(pass_ * RADIX + _key_digit(src[first + i], T.Cast("int64", index_bits + pass_ * RADIX_BITS)))
+        slot_of = T.Bind(pass_ * (1 << radix_bits) + _key_digit(
+            src[first + i], T.Cast("int64", index_bits + pass_ * radix_bits), radix_bits))
         slot = T.Bind(key_hist[slot_of])
         dst[slot] = src[first + i]
         key_hist[slot_of] = slot + 1
 
 
 @T.macro(hygienic=False)
-def _count_digits(key_hist, key, passes, index_bits):
+def _count_digits(key_hist, key, passes, index_bits, radix_bits):
     """Count the packed key `key` in each pass's digit histogram."""
     for pass_ in range(passes):
-        digit = T.Bind(pass_ * RADIX + _key_digit(key, T.Cast("int64", index_bits + pass_ * RADIX_BITS)))
+        digit = T.Bind(pass_ * (1 << radix_bits) + _key_digit(
+            key, T.Cast("int64", index_bits + pass_ * radix_bits), radix_bits))
         key_hist[digit] = key_hist[digit] + 1
 
 
 @T.macro(hygienic=False)
-def _first_slots(key_hist, passes, first, total):
+def _first_slots(key_hist, passes, first, total, radix_bits):
     """Each pass's digit counts into its digits' first slots (from `first`; total[0]: the
     running total)."""
     for pass_ in range(passes):
         total[0] = first
-        for b in range(RADIX):
-            here = T.Bind(key_hist[pass_ * RADIX + b])
-            key_hist[pass_ * RADIX + b] = total[0]
+        for b in range(1 << radix_bits):
+            here = T.Bind(key_hist[pass_ * (1 << radix_bits) + b])
+            key_hist[pass_ * (1 << radix_bits) + b] = total[0]
             total[0] = total[0] + here
 
 
 @T.macro(hygienic=False)
-def _key_passes(key_hist, keys, keys_tmp, first, count, passes, index_bits):
+def _key_passes(key_hist, keys, keys_tmp, first, count, passes, index_bits, radix_bits):
     """The LSD passes over keys[first:first + count], between keys and keys_tmp in turn,
     the sorted keys back in keys (an odd count copies them back)."""
     for pair in range((passes + 1) // 2):
-        _key_pass(key_hist, keys, keys_tmp, first, count, 2 * pair, index_bits)
+        _key_pass(key_hist, keys, keys_tmp, first, count, 2 * pair, index_bits, radix_bits)
         if 2 * pair + 1 < passes:
-            _key_pass(key_hist, keys_tmp, keys, first, count, 2 * pair + 1, index_bits)
+            _key_pass(key_hist, keys_tmp, keys, first, count, 2 * pair + 1, index_bits, radix_bits)
         else:
             for i in range(count):
                 keys[first + i] = keys_tmp[first + i]
+
+
+@T.macro(hygienic=False)
+def _sort_keys(key_hist, keys, keys_tmp, first, count, total, index_bits, running, radix_bits):
+    """keys[first:first + count] sorted by their rows' `total` bits (above index_bits) in
+    digits of radix_bits bits: histograms, first slots, the passes (keys_tmp between them)."""
+    passes = T.Bind((total + radix_bits - 1) // radix_bits)
+    for b in range(passes * (1 << radix_bits)):
+        key_hist[b] = 0
+    for i in range(count):
+        _count_digits(key_hist, keys[first + i], passes, index_bits, radix_bits)
+    _first_slots(key_hist, passes, first, running, radix_bits)
+    _key_passes(key_hist, keys, keys_tmp, first, count, passes, index_bits, radix_bits)
 
 
 @T.macro(hygienic=False)
@@ -295,7 +312,7 @@ def _with_columns(func, columns: int):
     return func.specialize({coors: tirx.decl_buffer((tirx.Var("N", "int32"), columns), "int32", "coors")})
 
 
-def group_computes(kind: str, tile: int) -> dict:
+def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits: int) -> dict:
     """Both grouping plans' kernels (a library builds its plan's); N, D, the permutation's
     length P and the chunk count G symbolic; the chunk_* kernels take the chunk length as an
     argument (CHUNK, from the plan).
@@ -363,20 +380,18 @@ def group_computes(kind: str, tile: int) -> dict:
                 state[0] = 0  # from here: the voxels found
                 if total + index_bits <= KEY_BITS:
                     # 3. a row packed into one int64 key (column 0 highest) above its point's
-                    # index, and, in the same sweep, every pass's digit histogram
-                    passes = T.Bind((total + RADIX_BITS - 1) // RADIX_BITS)
-                    for b in range(passes * RADIX):
-                        key_hist[b] = 0
+                    # index
                     for i in range(kept):
                         _packed_row_into(key, coors, order[i], bits, D)
                         keys[i] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", index_bits)),
                                                T.Cast("int64", order[i]))
-                        _count_digits(key_hist, keys[i], passes, index_bits)
-                    _first_slots(key_hist, passes, 0, running)
                     # the passes over the row's digits, least significant first, the index
                     # riding below them (the keys start in index order and every pass is
-                    # stable)
-                    _key_passes(key_hist, keys, keys_tmp, 0, kept, passes, index_bits)
+                    # stable); narrower digits for few keys, as group_split's sides
+                    if kept < small_sort_keys:
+                        _sort_keys(key_hist, keys, keys_tmp, 0, kept, total, index_bits, running, small_radix_bits)
+                    else:
+                        _sort_keys(key_hist, keys, keys_tmp, 0, kept, total, index_bits, running, RADIX_BITS)
                     # 4. the sorted points; a row unlike the previous one starts a voxel
                     _walk_into(order, voxel_of, start, keys, 0, kept, index_bits, flag, state, True)
                 else:
@@ -469,7 +484,6 @@ def group_computes(kind: str, tile: int) -> dict:
                     index_bits = T.Bind(state[3])
                     kept = T.Bind(shared[KEPT] + shared[KEPT + 1])
                     if total + index_bits <= KEY_BITS:
-                        passes = T.Bind((total + RADIX_BITS - 1) // RADIX_BITS)
                         # a key's coarse bin: the row's top COARSE_BITS bits
                         coarse_shift = T.Bind(index_bits + T.max(total - COARSE_BITS, 0))
                         # C. per part: its kept points' keys in index order (after the kept points
@@ -543,12 +557,14 @@ def group_computes(kind: str, tile: int) -> dict:
                                 flag = T.alloc_buffer((1,), "int32", scope=small)
                                 first = T.Bind(T.Select(side == 0, 0, shared[SIDE0]))
                                 size = T.Bind(T.Select(side == 0, shared[SIDE0], kept - shared[SIDE0]))
-                                for b in range(passes * RADIX):
-                                    key_hist[b] = 0
-                                for i in range(size):
-                                    _count_digits(key_hist, keys_tmp[first + i], passes, index_bits)
-                                _first_slots(key_hist, passes, first, total_)
-                                _key_passes(key_hist, keys_tmp, keys_alt, first, size, passes, index_bits)
+                                # (a pass's cost is its keys' scatter plus its histogram's
+                                # zeroing and prefix: narrower digits for a side of few keys)
+                                if size < small_sort_keys:
+                                    _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits,
+                                               total_, small_radix_bits)
+                                else:
+                                    _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits,
+                                               total_, RADIX_BITS)
                                 at[0] = 0  # the side's voxels so far
                                 _walk_into(order, voxel_of, start, keys_tmp, first, size, index_bits, flag, at,
                                            side == 0)
