@@ -229,12 +229,12 @@ def test_count_and_launch_ask_only_for_kernels_the_library_holds(kind, knobs, po
     problem = checks.check(OP.spec, {"feats": feats, "coors": coors}, {"reduce_type": reduce_type}, {}, OP.rules)
     if kind == "cuda":
         problem = dataclasses.replace(problem, kind="torch", device="cuda")
-    tensors = {"feats": feats, "coors": coors}
+    tensors = {"feats": feats, "coors": coors, "point2voxel_map": np.zeros(points, np.int32)}
     tensors |= {name: np.zeros(shape, dtype) for name, (shape, dtype) in OP.workspaces(problem, plan).items()}
     voxels = 3
     tensors["count"][0] = voxels  # what the (recording) grouping kernels would have counted
     assert OP.count(kernels, problem, tensors) == {"M": voxels}
     tensors |= {"voxel_feats": np.zeros((voxels, channels), np.float32), "voxel_coors": np.zeros((voxels, columns), np.int32),
-                "point2voxel_map": np.zeros(points, np.int32), "voxel_points_count": np.zeros(voxels, np.int32)}
+                "voxel_points_count": np.zeros(voxels, np.int32)}
     OP.launch(kernels, problem, tensors)  # a kernel the library lacks: KeyError
     assert calls[-1].startswith(f"reduce_{reduce_type}") and set(calls) <= held

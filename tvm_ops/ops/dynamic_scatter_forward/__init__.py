@@ -66,10 +66,15 @@ class DynamicScatterForward(Operator):
         spaces = {"start": ((n + 1,), "int32"), "voxel_of": ((n,), "int32"), "count": ((1,), "int32")}
         if plan["sort"] == "radix":
             columns = problem.sizes["D"]
-            return dict(spaces, order=((n,), "int32"), scratch=((n,), "int32"), keys=((n,), "int64"),
-                        keys_tmp=((n,), "int64"), keys_alt=((n,), "int64"), column_bits=((columns,), "int32"),
-                        part_max=((SPLIT_PARTS, columns), "int32"), coarse=((SPLIT_PARTS, COARSE), "int32"),
-                        split_shared=((SHARED_WORDS,), "int32"))
+            spaces = dict(spaces, order=((n,), "int32"), scratch=((n,), "int32"), keys=((n,), "int64"),
+                          keys_tmp=((n,), "int64"), keys_alt=((n,), "int64"), column_bits=((columns,), "int32"),
+                          part_max=((SPLIT_PARTS, columns), "int32"), coarse=((SPLIT_PARTS, COARSE), "int32"),
+                          split_shared=((SHARED_WORDS,), "int32"))
+            if "point2voxel_map" in problem.outs:
+                # the grouping writes the map as it numbers the voxels, but a caller's buffer
+                # is written only once the counted size has been checked (launch copies)
+                spaces["early_map"] = ((n,), "int32")
+            return spaces
         padded = 1 << max(n - 1, 0).bit_length()  # the bitonic network's power of two
         chunks = -(-n // plan["chunk"])
         return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
@@ -88,14 +93,16 @@ class DynamicScatterForward(Operator):
             columns = problem.sizes["D"]
             fixed = f"_d{columns}" if columns in FIXED_COLUMNS else ""
             split = problem.sizes["N"] >= int(kernels.plan["split_min_points"])
+            point_map = tensors.get("early_map", tensors["point2voxel_map"])
             if split:
                 kernels["group_split" + fixed](coors, *(tensors[k] for k in (
                     "order", "keys", "keys_tmp", "keys_alt", "column_bits", "part_max", "coarse", "split_shared",
-                    "start", "voxel_of", "count")))
+                    "start", "voxel_of")), point_map, tensors["count"])
             if not split or int(tensors["count"][0]) < 0:
                 # few points, or rows too wide for one key (count -1): the serial kernel
                 kernels["group_rows" + fixed](coors, *(tensors[k] for k in (
-                    "order", "scratch", "keys", "keys_tmp", "column_bits", "start", "voxel_of", "count")))
+                    "order", "scratch", "keys", "keys_tmp", "column_bits", "start", "voxel_of")), point_map,
+                    tensors["count"])
         else:
             self._bitonic_sort(kernels, tensors)
             order, flags, chunk = tensors["order"], tensors["flags"], kernels.plan["chunk"]
@@ -137,7 +144,8 @@ class DynamicScatterForward(Operator):
     def launch(self, kernels, problem, tensors):
         order, start = tensors["order"], tensors["start"]
         voxels = tensors["voxel_points_count"].shape[0]
-        kernels["point_map"](order, tensors["voxel_of"], start, tensors["point2voxel_map"], voxels)
+        if kernels.plan["sort"] != "radix" or "early_map" in tensors:  # else the grouping wrote it
+            kernels["point_map"](order, tensors["voxel_of"], start, tensors["point2voxel_map"], voxels)
         if voxels == 0:  # every point dropped: the [0, ...] outputs hold nothing to write
             return
         kernels["voxel_rows"](tensors["coors"], order, start, tensors["voxel_coors"], tensors["voxel_points_count"])

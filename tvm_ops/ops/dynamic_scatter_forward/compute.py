@@ -37,7 +37,9 @@ Grouping (two plans, the schedule file's `sort` knob picks one per target):
                  records where each starts and the voxel count.
 Both leave order[0:N] (sorted point indices), start[0:M+1] (voxel v's points are
 order[start[v]:start[v+1]], start[M] = the kept points), voxel_of[i] (1 + the voxel of
-sorted position i < start[M]) and count[0] = M.
+sorted position i < start[M]) and count[0] = M. The radix kernels also write
+point2voxel_map as they number the voxels (a launch fewer: 3-15 us of a call); the bitonic
+plan leaves it to point_map.
 
 Filling (after the host has read M and allocated the [M, ...] outputs):
   reduce_{max,sum,mean}   a block per (voxel, channel vector): the voxel's points in point
@@ -49,6 +51,9 @@ Filling (after the host has read M and allocated the [M, ...] outputs):
                  vector), one channel (C below the lanes, and CUDA).
   voxel_rows     voxel_coors (the first point's row) and voxel_points_count
   point_map      point2voxel_map[order[i]] = voxel of sorted position i, -1 for dropped points
+                 (the bitonic plan's; the radix plan's when the caller gives the map with
+                 out=, which is written only once M has been checked: the grouping then
+                 writes a workspace instead)
 
 group_rows, group_split and chunk_offsets are programs in a block (the radix sort's
 histogram and the scan carry state from one point to the next; group_split's two parts are
@@ -135,19 +140,23 @@ def _starts_voxel_into(flag, sorted_keys, at, first, index_bits):
 
 
 @T.macro(hygienic=False)
-def _walk_into(order, voxel_of, start, sorted_keys, first, size, index_bits, flag, voxels, record_starts):
+def _walk_into(order, voxel_of, start, point_map, sorted_keys, first, size, index_bits, flag, voxels, numbered):
     """The walk of sorted keys [first, first + size): order (each key's point index),
-    voxel_of (1 + its voxel, counted in voxels[0] from its value on entry) and, where
-    record_starts, start (each voxel's first sorted position)."""
+    voxel_of (1 + its voxel, counted in voxels[0] from its value on entry) and, where the
+    voxel numbers are final (`numbered`), start (each voxel's first sorted position) and
+    point_map (each point's voxel)."""
     for i in range(size):
-        order[first + i] = T.Cast("int32", T.bitwise_and(
-            sorted_keys[first + i], T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1)))
+        n = T.Bind(T.Cast("int32", T.bitwise_and(
+            sorted_keys[first + i], T.shift_left(T.int64(1), T.Cast("int64", index_bits)) - T.int64(1))))
+        order[first + i] = n
         _starts_voxel_into(flag, sorted_keys, first + i, first, index_bits)
         if flag[0] == 1:
-            if record_starts:
+            if numbered:
                 start[voxels[0]] = first + i
             voxels[0] = voxels[0] + 1
         voxel_of[first + i] = voxels[0]
+        if numbered:
+            point_map[n] = voxels[0] - 1
 
 
 def _key_digit(key, shift, radix_bits):
@@ -329,7 +338,7 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
     @T.prim_func(s_tir=True)
     def group_rows(coors_h: T.handle, order_h: T.handle, scratch_h: T.handle, keys_h: T.handle,
                    keys_tmp_h: T.handle, bits_h: T.handle, start_h: T.handle, voxel_of_h: T.handle,
-                   count_h: T.handle):
+                   map_h: T.handle, count_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         N, D, P, S = T.int32(), T.int32(), T.int32(), T.int32()
         coors = T.match_buffer(coors_h, (N, D), "int32")
@@ -340,12 +349,13 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
         bits = T.match_buffer(bits_h, (D,), "int32")
         start = T.match_buffer(start_h, (S,), "int32")
         voxel_of = T.match_buffer(voxel_of_h, (N,), "int32")
+        point_map = T.match_buffer(map_h, (N,), "int32")
         count = T.match_buffer(count_h, (1,), "int32")
         for unit in range(1):
             with T.sblock("group"):
                 T.reads(coors[0:N, 0:D])
                 T.writes(order[0:P], scratch[0:P], keys[0:N], keys_tmp[0:N], bits[0:D], start[0:S], voxel_of[0:N],
-                         count[0])
+                         point_map[0:N], count[0])
                 hist = T.alloc_buffer((RADIX,), "int32", scope="local")
                 key_hist = T.alloc_buffer((KEY_PASSES * RADIX,), "int32", scope="local")
                 # the walks' running state: stack allocas LLVM keeps in registers (a workspace's
@@ -393,7 +403,7 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                     else:
                         _sort_keys(key_hist, keys, keys_tmp, 0, kept, total, index_bits, running, RADIX_BITS)
                     # 4. the sorted points; a row unlike the previous one starts a voxel
-                    _walk_into(order, voxel_of, start, keys, 0, kept, index_bits, flag, state, True)
+                    _walk_into(order, voxel_of, start, point_map, keys, 0, kept, index_bits, flag, state, True)
                 else:
                     # 3. rows too wide for one key: sorted column by column, the last first
                     for back in range(D):
@@ -419,15 +429,18 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                             start[state[0]] = i
                             state[0] = state[0] + 1
                         voxel_of[i] = state[0]
+                        point_map[order[i]] = state[0] - 1
                 for i in range(N - kept):
                     voxel_of[kept + i] = state[0]
+                    point_map[order[kept + i]] = -1
                 start[state[0]] = kept
                 count[0] = state[0]
 
     @T.prim_func(s_tir=True)
     def group_split(coors_h: T.handle, order_h: T.handle, keys_h: T.handle, keys_tmp_h: T.handle,
                     keys_alt_h: T.handle, bits_h: T.handle, part_max_h: T.handle, coarse_h: T.handle,
-                    shared_h: T.handle, start_h: T.handle, voxel_of_h: T.handle, count_h: T.handle):
+                    shared_h: T.handle, start_h: T.handle, voxel_of_h: T.handle, map_h: T.handle,
+                    count_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         N, D, P, S = T.int32(), T.int32(), T.int32(), T.int32()
         coors = T.match_buffer(coors_h, (N, D), "int32")
@@ -441,12 +454,14 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
         shared = T.match_buffer(shared_h, (SHARED_WORDS,), "int32")
         start = T.match_buffer(start_h, (S,), "int32")
         voxel_of = T.match_buffer(voxel_of_h, (N,), "int32")
+        point_map = T.match_buffer(map_h, (N,), "int32")
         count = T.match_buffer(count_h, (1,), "int32")
         for unit in range(1):
             with T.sblock("group"):
                 T.reads(coors[0:N, 0:D])
                 T.writes(order[0:P], keys[0:N], keys_tmp[0:N], keys_alt[0:N], bits[0:D], part_max[0:2, 0:D],
-                         coarse[0:2, 0:COARSE], shared[0:SHARED_WORDS], start[0:S], voxel_of[0:N], count[0])
+                         coarse[0:2, 0:COARSE], shared[0:SHARED_WORDS], start[0:S], voxel_of[0:N], point_map[0:N],
+                         count[0])
                 state = T.alloc_buffer((4,), "int32", scope=small)
                 count[0] = -1  # rows too wide for one key, or more columns than MAX_COLUMNS
                 if D <= MAX_COLUMNS:
@@ -566,8 +581,9 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                                     _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits,
                                                total_, RADIX_BITS)
                                 at[0] = 0  # the side's voxels so far
-                                _walk_into(order, voxel_of, start, keys_tmp, first, size, index_bits, flag, at,
-                                           side == 0)
+                                # (side 0's numbers are final: it records its starts and map)
+                                _walk_into(order, voxel_of, start, point_map, keys_tmp, first, size, index_bits,
+                                           flag, at, side == 0)
                                 shared[VOXELS + side] = at[0]
                         # G. side 1's voxels numbered after side 0's, in two halves
                         for part in part_loop(SPLIT_PARTS):
@@ -585,9 +601,14 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                                     _starts_voxel_into(flag, keys_tmp, at, first, index_bits)
                                     if flag[0] == 1:
                                         start[voxel - 1] = at
+                        # H. side 1's map on this thread: its points are as random as any, and two
+                        # cores storing into one map would share its lines
+                        for i in range(kept - shared[SIDE0]):
+                            point_map[order[shared[SIDE0] + i]] = voxel_of[shared[SIDE0] + i] - 1
                         voxels = T.Bind(shared[VOXELS] + shared[VOXELS + 1])
                         for i in range(N - kept):
                             voxel_of[kept + i] = voxels
+                            point_map[order[kept + i]] = -1
                         start[voxels] = kept
                         count[0] = voxels
 
