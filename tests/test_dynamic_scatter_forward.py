@@ -238,3 +238,32 @@ def test_count_and_launch_ask_only_for_kernels_the_library_holds(kind, knobs, po
                 "voxel_points_count": np.zeros(voxels, np.int32)}
     OP.launch(kernels, problem, tensors)  # a kernel the library lacks: KeyError
     assert calls[-1].startswith(f"reduce_{reduce_type}") and set(calls) <= held
+
+
+@pytest.mark.parametrize("n", [100, 4000])
+def test_parallel_loops_counts_the_loops_a_cpu_call_runs(n):
+    """The one-core threshold scales with OP.parallel_loops: it must be the number of parallel
+    loops in the kernels a call runs (serial grouping below split_min_points, group_split
+    from there)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    from tvm_ops import build, checks, dispatch
+    from tvm_ops.invocation import CallPlan
+
+    model = targets.resolve("llvm")
+    variant = dispatch.default_variant(OP, "float32", model)
+    loops_of = {}
+    for symbol, func in variant.scheduled_module().functions.items():
+        found = []
+        tvm_ffi.structural_map(func, (tirx.For, lambda loop: found.append(loop.kind == tirx.ForKind.PARALLEL) or loop))
+        loops_of[symbol.name_hint] = sum(found)
+    library = dispatch.kernels(OP, "float32", model)
+    ran = []
+    recording = build.Kernels({name: (lambda name: lambda *args: ran.append(name) or library[name](*args))(name)
+                               for name in loops_of})
+    recording.plan = library.plan
+    feats, coors = points(np.random.default_rng(n), n, 3, 40, dropped=0.1, channels=128)
+    problem = checks.check(OP.spec, {"feats": feats, "coors": coors}, {"reduce_type": "max"}, {}, OP.rules)
+    CallPlan(OP, problem, recording).run({"feats": feats, "coors": coors}, {})
+    assert sum(loops_of[name] for name in ran) == OP.parallel_loops(problem, OP.schedules["llvm"].defaults)

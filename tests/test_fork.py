@@ -53,8 +53,7 @@ def test_a_child_of_a_process_that_ran_parallel_kernels_gets_the_same_bits():
     # child runs one-core libraries (no pool): it must return, with the parent's bits
     op, inputs, params = parallel_case("three_interpolate_backward", "net_16x128x512_m256")
     model = targets.resolve("llvm")
-    problem_runs_on_one_core = dispatch.runs_on_one_core(op.spec, op._checked(inputs, params, "llvm", {}).problem,
-                                                         model)
+    problem_runs_on_one_core = dispatch.runs_on_one_core(op, op._checked(inputs, params, "llvm", {}).problem, model)
     assert not problem_runs_on_one_core  # parallel in the parent
     expected = op.call(inputs, params, "llvm", {})
 

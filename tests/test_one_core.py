@@ -100,7 +100,7 @@ def test_the_policy_runs_small_work_on_one_core_and_more_of_it_with_sleeping_wor
                   "indices": rng.integers(0, m, (b, n, 3), dtype=np.int32),
                   "weights": rng.random((b, n, 3), np.float32)}
         problem = checks.check(op.spec, inputs, {"m": m}, {}, op.rules)
-        return op.spec.theory(problem.sizes, 4, problem.params)[0], dispatch.runs_on_one_core(op.spec, problem, HOST)
+        return op.spec.theory(problem.sizes, 4, problem.params)[0], dispatch.runs_on_one_core(op, problem, HOST)
 
     io_at, small = one_core(spinning_io // 2)
     assert io_at < spinning_io and small
@@ -110,6 +110,6 @@ def test_the_policy_runs_small_work_on_one_core_and_more_of_it_with_sleeping_wor
     assert one_core(2 * spinning_io)[1]
     io_at, small = one_core(2 * asleep_io)
     assert io_at >= asleep_io and not small
-    assert not dispatch.runs_on_one_core(op.spec, checks.check(op.spec, {
+    assert not dispatch.runs_on_one_core(op, checks.check(op.spec, {
         "grad_output": np.zeros((1, 1, 4), np.float32), "indices": np.zeros((1, 4, 3), np.int32),
         "weights": np.zeros((1, 4, 3), np.float32)}, {"m": 4}, {}, op.rules), targets.resolve("cuda:sm_90"))

@@ -192,5 +192,9 @@ def test_small_work_runs_on_one_core_and_more_of_it_with_sleeping_workers():
         assert two.one_core(io_limit - 1, None, asleep)  # no ops formula: the io decides
         assert not two.one_core(io_limit, 0, asleep)
         assert not two.one_core(0, ops_limit, asleep)
+        # per parallel loop of the call: each hands out work and waits for the workers
+        assert two.one_core(3 * io_limit - 1, 3 * ops_limit - 1, asleep, loops=3)
+        assert not two.one_core(3 * io_limit, 0, asleep, loops=3)
+        assert not two.one_core(0, 3 * ops_limit, asleep, loops=3)
     one = policy.Policy(cores=1, budget=1 << 20, lanes=16, scope="global")
     assert one.one_core(1e12, 1e12, False)  # nothing to gain from a pool of one

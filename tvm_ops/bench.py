@@ -556,7 +556,7 @@ def bench_case(op, case, dtype: str, model: TargetModel, bandwidth: float, repea
     main_ms = peer_ms.pop(main_peer) if main_peer else None
     problem = checks.check(op.spec, inputs, params, {}, op.rules)
     origin = dispatch.default_variant(op, dtype, model, records.problem_class(op.spec, problem)).origin
-    one_core = dispatch.runs_on_one_core(op.spec, problem, model)
+    one_core = dispatch.runs_on_one_core(op, problem, model)
     peak = peak_flops(model)
     return BenchLine(
         op.name, case.name, dtype, model.key, origin, seconds * 1e3, io_bytes / seconds / 1e9,

@@ -51,19 +51,22 @@ def variants(op, dtype: str, model: targets.TargetModel) -> list[build.Variant]:
     return found
 
 
-def runs_on_one_core(spec, problem, model: targets.TargetModel) -> bool:
+def runs_on_one_core(op, problem, model: targets.TargetModel) -> bool:
     """Whether the policy runs `problem` on one core (a CPU call of little work), as every CPU
     call of a forked child does (forked.py).
 
-    The work is the spec's theory for the call's sizes; a size the kernels count (a
-    data-dependent output's) is not known yet and counts as 0."""
+    The work is the spec's theory for the call's sizes (a size the kernels count, a
+    data-dependent output's, is not known yet and counts as 0), against the parallel loops
+    the op's call runs with its hand-tuned knobs."""
     if model.kind != "llvm":
         return False
     if forked.in_child():
         return True
+    spec = op.spec
     sizes = dict.fromkeys(spec.counted, 0) | problem.sizes
     io_bytes, ops = spec.theory(sizes, np.dtype(problem.dtype).itemsize, problem.params)
-    return policy.for_target(model).one_core(io_bytes, ops, targets.workers_asleep_between_kernels())
+    loops = op.parallel_loops(problem, op.schedules[model.kind].defaults)
+    return policy.for_target(model).one_core(io_bytes, ops, targets.workers_asleep_between_kernels(), loops)
 
 
 def kernels(op, dtype: str, model: targets.TargetModel, shape_class: str | None = None,

@@ -6,7 +6,8 @@ all of them. On a small call that costs more than the other cores save (docs/per
 "small calls on one core"). So a CPU library can also be built one-core (the Variant's
 `one_core`): the same scheduled TensorIR with its parallel loops made serial, run on the
 calling thread without touching the pool. The policy (policy.Policy.one_core) picks it for
-a call from the work its spec's theory formulas give (dispatch.runs_on_one_core).
+a call from the work its spec's theory formulas give and the parallel loops the call runs
+(dispatch.runs_on_one_core).
 
 A one-core kernel runs the parallel tasks one after another on one thread; every parallel
 loop of these kernels gives each task outputs of its own (owner computes), so it writes

@@ -16,11 +16,11 @@ MAX_BLOCK_THREADS = 1024  # CUDA threads per block, every arch
 # The on-chip memory a schedule file may size tiles from (its `onchip` key): the
 # per-core L2 on a CPU, the shared memory of a CUDA block, or none (nothing staged).
 ONCHIP = ("l2", "shared", "none")
-# (io bytes, ops) of the theory formulas below which a CPU call runs one-core kernels
-# (one_core.py): a parallel loop costs a few microseconds while TVM's workers spin between
-# kernels and tens while they sleep (torch callers), more than a second core saves below
-# these. Measured on 2 cores, one-core against parallel kernels interleaved:
-# docs/performance.md, "small calls on one core".
+# (io bytes, ops) of the theory formulas per parallel loop of a call below which a CPU call
+# runs one-core kernels (one_core.py): a parallel loop costs a few microseconds while TVM's
+# workers spin between kernels and tens while they sleep (torch callers), more than a
+# second core saves below these. Measured on 2 cores, one-core against parallel kernels
+# interleaved: docs/performance.md, "small calls on one core".
 ONE_CORE_BELOW = {"spinning": (64 * 1024, 0.5e6), "asleep": (1024 * 1024, 2.5e6)}
 
 
@@ -85,11 +85,12 @@ class Policy:
         """Channels per step: `registers` whole vectors (NFU_ALIGN_NUM on an MLU)."""
         return self.lanes * registers
 
-    def one_core(self, io_bytes: float, ops: float | None, workers_asleep: bool) -> bool:
-        """Whether a call of this much work (theory io bytes and ops) runs on one core: always
-        on a one-core target, else below ONE_CORE_BELOW for the state of the CPU workers."""
+    def one_core(self, io_bytes: float, ops: float | None, workers_asleep: bool, loops: int = 1) -> bool:
+        """Whether a call of this much work (theory io bytes and ops) in `loops` parallel loops
+        runs on one core: always on a one-core target, else below ONE_CORE_BELOW per loop
+        (each loop hands out work and waits for the workers) for the state of the workers."""
         io_limit, ops_limit = ONE_CORE_BELOW["asleep" if workers_asleep else "spinning"]
-        return self.cores == 1 or (io_bytes < io_limit and (ops or 0) < ops_limit)
+        return self.cores == 1 or (io_bytes < io_limit * loops and (ops or 0) < ops_limit * loops)
 
     def warps(self, threads: int) -> int:
         """Warps of a `threads`-thread block: a whole number of warps, at most MAX_BLOCK_THREADS."""

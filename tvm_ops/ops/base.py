@@ -53,6 +53,12 @@ class Operator:
         them itself, faster than a generic copy); the others are made contiguous first."""
         return ()
 
+    def parallel_loops(self, problem: checks.Problem, knobs: dict) -> int:
+        """How many parallel loops a CPU call of `problem` runs with these knobs (each hands
+        out its work and waits for TVM's workers: the policy's one-core threshold scales with
+        them). One, unless an op's call runs more."""
+        return 1
+
     def zeroed(self, problem: checks.Problem, plan: dict) -> tuple:
         """Outputs and workspaces the kernels accumulate into (CUDA atomics): the call path
         zero-fills them before launch, and a replay on a remote device does the same."""
@@ -114,7 +120,7 @@ class Operator:
         targets.require_runnable(model)
         if problem.kind == "torch" and model.kind == "llvm":  # kernels taking turns with torch's ops
             targets.sleep_workers_between_kernels()
-        one_core = dispatch.runs_on_one_core(self.spec, problem, model)
+        one_core = dispatch.runs_on_one_core(self, problem, model)
         return CallPlan(self, problem, dispatch.kernels(self, problem.dtype, model,
                                                         records.problem_class(self.spec, problem), one_core))
 

@@ -476,7 +476,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
         harness = (RpcHarness(op, case, dtype, model, rpc, prepared) if rpc is not None
                    else LocalWorker(op, case, dtype, model, timeout))
     cache = paths.cache_dir()
-    one_core = dispatch.runs_on_one_core(op.spec, prepared.problem, model)  # as the call path builds them
+    one_core = dispatch.runs_on_one_core(op, prepared.problem, model)  # as the call path builds them
     pool = None
     if workers > 1 and len(todo) > 1:
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))

@@ -24,8 +24,8 @@ from ...errors import BadParamError
 from ..base import Operator
 from ..point_vectors import plan_vector
 from . import schedule
-from .compute import (COARSE, RADIX_BITS, FIXED_COLUMNS, GROUP_KERNELS, KERNELS, REDUCE_WIDTHS, SHARED_WORDS, SPLIT_PARTS,
-                      fill_computes, group_computes)
+from .compute import (COARSE, FIXED_COLUMNS, GROUP_KERNELS, GROUP_SPLIT_LOOPS, KERNELS, RADIX_BITS, REDUCE_WIDTHS,
+                      SHARED_WORDS, SPLIT_PARTS, fill_computes, group_computes)
 
 SORTS = ("radix", "bitonic")  # the grouping plans (the knob `sort`)
 CHUNK = 256  # points per chunk of the bitonic plan's scan
@@ -79,6 +79,12 @@ class DynamicScatterForward(Operator):
         chunks = -(-n // plan["chunk"])
         return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
                     totals=((chunks,), "int32"), offsets=((chunks,), "int32"))
+
+    def parallel_loops(self, problem, knobs):
+        """group_split's parallel regions where it runs (N from split_min_points on), then
+        voxel_rows' and the reduce's loops (point_map, where it runs, is serial)."""
+        split = knobs["sort"] == "radix" and problem.sizes["N"] >= int(knobs["split_min_points"])
+        return (GROUP_SPLIT_LOOPS if split else 0) + 2
 
     def zeroed(self, problem, plan):
         # the bitonic plan writes start and count only where a voxel ends: with no kept

@@ -86,6 +86,7 @@ FIXED_COLUMNS = (3, 4)
 # KEPT (kept points per part), SIDE0 (keys on side 0), SPLIT_BIN, VOXELS (per side),
 # PART0_SIDE0 (part 0's keys on side 0)
 SPLIT_PARTS = 2
+GROUP_SPLIT_LOOPS = 5  # group_split's parallel regions (A, C, E, F, G below)
 COARSE_BITS = 10
 COARSE = 1 << COARSE_BITS
 KEPT, SIDE0, SPLIT_BIN, VOXELS, PART0_SIDE0 = 0, 2, 3, 4, 6
