@@ -262,8 +262,29 @@ def test_parallel_loops_counts_the_loops_a_cpu_call_runs(n):
     ran = []
     recording = build.Kernels({name: (lambda name: lambda *args: ran.append(name) or library[name](*args))(name)
                                for name in loops_of})
-    recording.plan = library.plan
+    recording.plan, recording.one_core = library.plan, library.one_core
     feats, coors = points(np.random.default_rng(n), n, 3, 40, dropped=0.1, channels=128)
     problem = checks.check(OP.spec, {"feats": feats, "coors": coors}, {"reduce_type": "max"}, {}, OP.rules)
     CallPlan(OP, problem, recording).run({"feats": feats, "coors": coors}, {})
     assert sum(loops_of[name] for name in ran) == OP.parallel_loops(problem, OP.schedules["llvm"].defaults)
+
+
+def test_a_one_core_library_groups_serially():
+    # group_split's two parts made serial do more work than group_rows (one-core libraries run
+    # where the policy keeps a call off the second core)
+    from tvm_ops import build, checks
+
+    model = targets.resolve("llvm")
+    plan = OP.plan(model, OP.schedules["llvm"].defaults)
+    n = int(plan["split_min_points"]) + 1000
+    feats, coors = np.zeros((n, 8), np.float32), np.zeros((n, 3), np.int32)
+    problem = checks.check(OP.spec, {"feats": feats, "coors": coors}, {"reduce_type": "sum"}, {}, OP.rules)
+    tensors = {"feats": feats, "coors": coors, "point2voxel_map": np.zeros(n, np.int32)}
+    tensors |= {name: np.zeros(shape, dtype) for name, (shape, dtype) in OP.workspaces(problem, plan).items()}
+    for one_core, grouping in ((False, "group_split_d3"), (True, "group_rows_d3")):
+        calls = []
+        kernels = build.Kernels({name: (lambda name: lambda *args: calls.append(name))(name)
+                                 for name in _library_kernels("llvm", ())})
+        kernels.plan, kernels.one_core = plan, one_core
+        OP.count(kernels, problem, tensors)
+        assert calls == [grouping]

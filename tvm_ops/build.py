@@ -370,6 +370,7 @@ class Kernels(dict):
     operator declares."""
 
     plan: dict | None = None
+    one_core: bool = False  # built with its parallel loops serial (one_core.py)
 
     def __missing__(self, name):
         raise KeyError(f"no kernel {name!r} in this library (it holds {', '.join(self)}): launch asked for a "
@@ -390,6 +391,7 @@ def load(entry: Path, op) -> Kernels:
         raise ExecutionFailedError(f"the library {entry} lacks a kernel its manifest lists ({exc}); remove that "
                                    f"folder and it is rebuilt") from None
     kernels.plan = info["plan"]
+    kernels.one_core = bool(info.get("one_core", False))
     return kernels
 
 

@@ -86,7 +86,7 @@ def kernels_alone(op, inputs: dict, params: dict):
     recorded = []
     recorder = build.Kernels({name: (lambda f: lambda *a: recorded.append((f, a)))(fn)
                               for name, fn in plan.kernels.items()})
-    recorder.plan = plan.kernels.plan
+    recorder.plan, recorder.one_core = plan.kernels.plan, plan.kernels.one_core
     real, plan.kernels = plan.kernels, recorder
     try:
         plan.run(inputs, {})
@@ -115,7 +115,7 @@ def kernels_stubbed(op, counted: dict):
     def stubbed(*args, **kwargs):
         library = real(*args, **kwargs)
         noop = build.Kernels({name: lambda *a: None for name in library})
-        noop.plan = library.plan
+        noop.plan, noop.one_core = library.plan, library.one_core
         return noop
 
     op.clear_call_cache()

@@ -166,7 +166,7 @@ def _swap(kernels: dict, replacements: dict) -> dict:
     swapped = type(kernels)(kernels)
     swapped.update(replacements)
     if hasattr(kernels, "plan"):
-        swapped.plan = kernels.plan
+        swapped.plan, swapped.one_core = kernels.plan, kernels.one_core
     return swapped
 
 

@@ -98,7 +98,9 @@ class DynamicScatterForward(Operator):
         if kernels.plan["sort"] == "radix":
             columns = problem.sizes["D"]
             fixed = f"_d{columns}" if columns in FIXED_COLUMNS else ""
-            split = problem.sizes["N"] >= int(kernels.plan["split_min_points"])
+            # (group_split's parts made serial do more work than group_rows: one-core libraries
+            # group serially)
+            split = problem.sizes["N"] >= int(kernels.plan["split_min_points"]) and not kernels.one_core
             point_map = tensors.get("early_map", tensors["point2voxel_map"])
             if split:
                 kernels["group_split" + fixed](coors, *(tensors[k] for k in (
