@@ -194,12 +194,15 @@ def _key_pass(key_hist, src, dst, first, count, pass_, index_bits, radix_bits):
 
 
 @T.macro(hygienic=False)
-def _count_digits(key_hist, key, passes, index_bits, radix_bits):
-    """Count the packed key `key` in each pass's digit histogram."""
+def _count_digits(key_hist, keys, first, count, passes, index_bits, radix_bits):
+    """Count keys[first:first + count] in each pass's digit histogram: a sweep per pass (a
+    loop of constant shift LLVM unrolls, where a loop over the passes per key ran a few
+    instructions per count more)."""
     for pass_ in range(passes):
-        digit = T.Bind(pass_ * (1 << radix_bits) + _key_digit(
-            key, T.Cast("int64", index_bits + pass_ * radix_bits), radix_bits))
-        key_hist[digit] = key_hist[digit] + 1
+        for i in range(count):
+            digit = T.Bind(pass_ * (1 << radix_bits) + _key_digit(
+                keys[first + i], T.Cast("int64", index_bits + pass_ * radix_bits), radix_bits))
+            key_hist[digit] = key_hist[digit] + 1
 
 
 @T.macro(hygienic=False)
@@ -234,8 +237,7 @@ def _sort_keys(key_hist, keys, keys_tmp, first, count, total, index_bits, runnin
     passes = T.Bind((total + radix_bits - 1) // radix_bits)
     for b in range(passes * (1 << radix_bits)):
         key_hist[b] = 0
-    for i in range(count):
-        _count_digits(key_hist, keys[first + i], passes, index_bits, radix_bits)
+    _count_digits(key_hist, keys, first, count, passes, index_bits, radix_bits)
     _first_slots(key_hist, passes, first, running, radix_bits)
     _key_passes(key_hist, keys, keys_tmp, first, count, passes, index_bits, radix_bits)
 
