@@ -72,7 +72,7 @@ class DynamicScatterForward(Operator):
                           split_shared=((SHARED_WORDS,), "int32"))
             if "point2voxel_map" in problem.outs:
                 # the grouping writes the map as it numbers the voxels, but a caller's buffer
-                # is written only once the counted size has been checked (launch copies)
+                # is written only once the counted size has been checked (point_map writes it in launch)
                 spaces["early_map"] = ((n,), "int32")
             return spaces
         padded = 1 << max(n - 1, 0).bit_length()  # the bitonic network's power of two
