@@ -156,12 +156,30 @@ def test_reused_workspaces_carry_nothing_from_one_call_to_the_next():
             held = call_plan._workspaces()
             assert call_plan._workspaces() is held
             for fill in (0xFF, 0x7F, 0x00):
-                for view in held.values():
-                    view.reshape(-1).view(np.uint8).fill(fill)
+                for view in held.values():  # numpy views, or TVM tensors for the kernels alone
+                    np.from_dlpack(view).reshape(-1).view(np.uint8).fill(fill)
                 for a, b in zip(first, as_tuple(op.call(inputs, params, "llvm", {})), strict=True):
                     np.testing.assert_array_equal(a, b, err_msg=f"{name} {case.name} after bytes {fill:#x}")
     # dynamic_scatter_forward's radix grouping, dynamic_scatter_backward's max
     assert {"dynamic_scatter_forward", "dynamic_scatter_backward"} <= set(reusing)
+
+
+def test_workspaces_only_kernels_take_are_held_as_tvm_tensors_of_the_block():
+    op = get("dynamic_scatter_forward")
+    op.clear_call_cache()
+    rng = np.random.default_rng(5)
+    inputs = {"feats": rng.uniform(-1, 1, (300, 8)).astype(np.float32),
+              "coors": rng.integers(-1, 9, (300, 3)).astype(np.int32)}
+    first = op.call(inputs, {"reduce_type": "sum"}, "llvm", {})
+    held = op._calls.get(op._signature(inputs, {"reduce_type": "sum"}, "llvm", {}))._workspaces()
+    assert isinstance(held["count"], np.ndarray)  # read on the host
+    kernel_only = [name for name, view in held.items() if not isinstance(view, np.ndarray)]
+    assert "order" in kernel_only and "start" in kernel_only
+    block = held["count"].base  # the carved block
+    for name in kernel_only:  # the same block's memory
+        assert np.shares_memory(np.from_dlpack(held[name]), block)
+    for a, b in zip(first, op.call(inputs, {"reduce_type": "sum"}, "llvm", {}), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_threads_sharing_a_plan_with_workspaces_agree_with_one_thread():

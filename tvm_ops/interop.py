@@ -200,6 +200,14 @@ def carved(kind: str, device: str, layout: tuple) -> dict:
     return {name: np.ndarray(shape, dtype, block, first) for name, first, nbytes, shape, dtype in parts}
 
 
+def kernel_tensor(array: np.ndarray):
+    """A TVM tensor of `array`'s memory (which it keeps alive): a kernel takes it as it is,
+    where it converts a numpy argument on every call."""
+    import tvm_ffi
+
+    return tvm_ffi.from_dlpack(array)
+
+
 def zero(array) -> None:
     """Fill a numpy array or torch tensor with zeros in place."""
     if isinstance(array, np.ndarray):

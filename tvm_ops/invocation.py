@@ -13,7 +13,8 @@ Small host workspaces are carved once and reused by the next call of the same pl
 same thread (`REUSED_WORKSPACE_BYTES`): no caller ever sees a workspace, the calls of one
 thread never overlap, and carving a dozen views costs microseconds of a small call. Each
 thread keeps the last plan's block per operator, so memory stays bounded however many
-plans the cache holds.
+plans the cache holds. The ones only kernels take (`Operator.kernel_only_workspaces`) are
+held as TVM tensors of the same memory, which the kernels take without a conversion.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ class CallPlan:
             self.workspaces = interop.block_layout(op.workspaces(problem, kernels.plan))
             self.reuses_workspaces = problem.device == "cpu" and 0 < self.workspaces[0] <= REUSED_WORKSPACE_BYTES
             self.zeroed = op.zeroed(problem, kernels.plan)
+            # (a zero-filled workspace stays numpy: the host fills it)
+            self.kernel_only = [name for name in op.kernel_only_workspaces(problem, kernels.plan)
+                                if name not in self.zeroed] if self.reuses_workspaces else []
 
     def run(self, inputs: dict, out: dict):
         op, problem = self.op, self.problem
@@ -133,6 +137,8 @@ class CallPlan:
         if last is not None and last[0] is self:
             return last[1]
         views = interop.carved(self.problem.kind, self.problem.device, self.workspaces)
+        for name in self.kernel_only:
+            views[name] = interop.kernel_tensor(views[name])
         held[self.op.name] = (self, views)
         return views
 

@@ -80,6 +80,10 @@ class DynamicScatterForward(Operator):
         return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
                     totals=((chunks,), "int32"), offsets=((chunks,), "int32"))
 
+    def kernel_only_workspaces(self, problem, plan):
+        # all but the count, read on the host (18 kernel arguments a call at the radix plan)
+        return tuple(name for name in self.workspaces(problem, plan) if name != "count")
+
     def parallel_loops(self, problem, knobs):
         """group_split's parallel regions where it runs (N from split_min_points on), then
         voxel_rows' and the reduce's loops (point_map, where it runs, is serial)."""
