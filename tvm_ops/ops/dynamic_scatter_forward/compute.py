@@ -231,7 +231,18 @@ def _key_passes(key_hist, keys, keys_tmp, first, count, passes, index_bits, radi
 
 
 @T.macro(hygienic=False)
-def _sort_keys(key_hist, keys, keys_tmp, first, count, total, index_bits, running, radix_bits):
+def _sort_keys(key_hist, keys, keys_tmp, first, count, total, index_bits, running, small_keys, small_bits):
+    """keys[first:first + count] sorted by their rows' `total` bits (above index_bits): in
+    small_bits-bit digits below small_keys keys, else RADIX_BITS-bit ones (a pass costs its
+    keys' scatter plus its histogram's zeroing and prefix: narrower digits for few keys)."""
+    if count < small_keys:
+        _sort_in_digits(key_hist, keys, keys_tmp, first, count, total, index_bits, running, small_bits)
+    else:
+        _sort_in_digits(key_hist, keys, keys_tmp, first, count, total, index_bits, running, RADIX_BITS)
+
+
+@T.macro(hygienic=False)
+def _sort_in_digits(key_hist, keys, keys_tmp, first, count, total, index_bits, running, radix_bits):
     """keys[first:first + count] sorted by their rows' `total` bits (above index_bits) in
     digits of radix_bits bits: histograms, first slots, the passes (keys_tmp between them)."""
     passes = T.Bind((total + radix_bits - 1) // radix_bits)
@@ -400,11 +411,9 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                                                T.Cast("int64", order[i]))
                     # the passes over the row's digits, least significant first, the index
                     # riding below them (the keys start in index order and every pass is
-                    # stable); narrower digits for few keys, as group_split's sides
-                    if kept < small_sort_keys:
-                        _sort_keys(key_hist, keys, keys_tmp, 0, kept, total, index_bits, running, small_radix_bits)
-                    else:
-                        _sort_keys(key_hist, keys, keys_tmp, 0, kept, total, index_bits, running, RADIX_BITS)
+                    # stable)
+                    _sort_keys(key_hist, keys, keys_tmp, 0, kept, total, index_bits, running, small_sort_keys,
+                               small_radix_bits)
                     # 4. the sorted points; a row unlike the previous one starts a voxel
                     _walk_into(order, voxel_of, start, point_map, keys, 0, kept, index_bits, flag, state, True)
                 else:
@@ -575,14 +584,8 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                                 flag = T.alloc_buffer((1,), "int32", scope=small)
                                 first = T.Bind(T.Select(side == 0, 0, shared[SIDE0]))
                                 size = T.Bind(T.Select(side == 0, shared[SIDE0], kept - shared[SIDE0]))
-                                # (a pass's cost is its keys' scatter plus its histogram's
-                                # zeroing and prefix: narrower digits for a side of few keys)
-                                if size < small_sort_keys:
-                                    _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits,
-                                               total_, small_radix_bits)
-                                else:
-                                    _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits,
-                                               total_, RADIX_BITS)
+                                _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits, total_,
+                                           small_sort_keys, small_radix_bits)
                                 at[0] = 0  # the side's voxels so far
                                 # (side 0's numbers are final: it records its starts and map)
                                 _walk_into(order, voxel_of, start, point_map, keys_tmp, first, size, index_bits,
