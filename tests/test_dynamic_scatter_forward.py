@@ -248,7 +248,7 @@ def test_parallel_loops_counts_the_loops_a_cpu_call_runs(n):
     import tvm_ffi
     from tvm import tirx
 
-    from tvm_ops import build, checks, dispatch
+    from tvm_ops import checks, dispatch
     from tvm_ops.invocation import CallPlan
 
     model = targets.resolve("llvm")
@@ -260,9 +260,8 @@ def test_parallel_loops_counts_the_loops_a_cpu_call_runs(n):
         loops_of[symbol.name_hint] = sum(found)
     library = dispatch.kernels(OP, "float32", model)
     ran = []
-    recording = build.Kernels({name: (lambda name: lambda *args: ran.append(name) or library[name](*args))(name)
-                               for name in loops_of})
-    recording.plan, recording.one_core = library.plan, library.one_core
+    recording = library.like({name: (lambda name: lambda *args: ran.append(name) or library[name](*args))(name)
+                              for name in loops_of})
     feats, coors = points(np.random.default_rng(n), n, 3, 40, dropped=0.1, channels=128)
     problem = checks.check(OP.spec, {"feats": feats, "coors": coors}, {"reduce_type": "max"}, {}, OP.rules)
     CallPlan(OP, problem, recording).run({"feats": feats, "coors": coors}, {})

@@ -372,6 +372,13 @@ class Kernels(dict):
     plan: dict | None = None
     one_core: bool = False  # built with its parallel loops serial (one_core.py)
 
+    def like(self, kernels: dict) -> "Kernels":
+        """`kernels` (name -> callable: recorders, stubs, replacements) as a library with this
+        one's plan and build (what launch reads besides the kernels)."""
+        library = Kernels(kernels)
+        library.plan, library.one_core = self.plan, self.one_core
+        return library
+
     def __missing__(self, name):
         raise KeyError(f"no kernel {name!r} in this library (it holds {', '.join(self)}): launch asked for a "
                        f"kernel that the computes of its target and plan do not build")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import build, dispatch, runner
+from . import dispatch, runner
 from .testing import material
 
 
@@ -84,9 +84,8 @@ def kernels_alone(op, inputs: dict, params: dict):
     op.call(inputs, params, "llvm", {})
     plan = op._calls.get(op._signature(inputs, params, "llvm", {}))
     recorded = []
-    recorder = build.Kernels({name: (lambda f: lambda *a: recorded.append((f, a)))(fn)
-                              for name, fn in plan.kernels.items()})
-    recorder.plan, recorder.one_core = plan.kernels.plan, plan.kernels.one_core
+    recorder = plan.kernels.like({name: (lambda f: lambda *a: recorded.append((f, a)))(fn)
+                                  for name, fn in plan.kernels.items()})
     real, plan.kernels = plan.kernels, recorder
     try:
         plan.run(inputs, {})
@@ -114,9 +113,7 @@ def kernels_stubbed(op, counted: dict):
 
     def stubbed(*args, **kwargs):
         library = real(*args, **kwargs)
-        noop = build.Kernels({name: lambda *a: None for name in library})
-        noop.plan, noop.one_core = library.plan, library.one_core
-        return noop
+        return library.like({name: lambda *a: None for name in library})
 
     op.clear_call_cache()
     dispatch.kernels = stubbed

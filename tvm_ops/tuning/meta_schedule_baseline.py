@@ -163,11 +163,9 @@ def record_calls(harness: tune.Harness, kernels: dict) -> dict:
 
 def _swap(kernels: dict, replacements: dict) -> dict:
     """A copy of a library's kernels (build.Kernels: a dict with the plan launch reads) with some replaced."""
-    swapped = type(kernels)(kernels)
-    swapped.update(replacements)
-    if hasattr(kernels, "plan"):
-        swapped.plan, swapped.one_core = kernels.plan, kernels.one_core
-    return swapped
+    if hasattr(kernels, "like"):
+        return kernels.like({**kernels, **replacements})
+    return {**kernels, **replacements}
 
 
 def align_tensors(harness: tune.Harness) -> None:
