@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tvm_ops import targets
+from tvm_ops import build, targets
 from tvm_ops.tuning import meta_schedule_baseline as mb
 from tvm_ops.tuning import tune
 from tvm_ops.ops import get
@@ -100,3 +100,17 @@ def test_cli_tune_meta_schedule(tmp_path):
                               "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k"],
                              env=env, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "takes no --rpc-tracker or --rpc-key" in refused.stderr
+
+
+def test_recording_takes_the_call_plans_tvm_workspace_tensors():
+    # dynamic_scatter_forward's reused workspaces reach its kernels as TVM tensors
+    # (invocation.CallPlan): they are recorded as numpy copies, like the arrays
+    op = get("dynamic_scatter_forward")
+    model = targets.host_cpu()
+    case = next(c for c in op.spec.cases if c.name == "net_4294x128_m3435")
+    harness = tune.Harness(op, case, "float32", model)
+    hand = mb._load_variant(build.Variant(op, "float32", model, dict(op.schedules["llvm"].defaults), mb.HAND_TUNED))
+    calls = mb.record_calls(harness, hand)
+    group = calls["group_split_d3"]
+    assert group is not None and all(isinstance(a, (np.ndarray, int)) for a in group)
+    assert group[1].dtype == np.int32 and group[1].shape == (case.shape["N"],)  # order, a workspace

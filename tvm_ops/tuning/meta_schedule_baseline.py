@@ -143,8 +143,8 @@ def record_calls(harness: tune.Harness, kernels: dict) -> dict:
         def call(*args):
             snapshot = []
             for a in args:
-                if isinstance(a, np.ndarray):
-                    snapshot.append(np.array(a, copy=True))
+                if isinstance(a, np.ndarray) or _host_tvm_tensor(a):
+                    snapshot.append(np.array(np.from_dlpack(a), copy=True))
                 elif isinstance(a, (int, float, np.integer, np.floating)) and not isinstance(a, bool):
                     snapshot.append(a.item() if isinstance(a, np.generic) else a)
                 else:
@@ -159,6 +159,14 @@ def record_calls(harness: tune.Harness, kernels: dict) -> dict:
 
     harness.run(_swap(kernels, {name: recorder(name) for name in kernels}))
     return calls
+
+
+def _host_tvm_tensor(value) -> bool:
+    """Whether `value` is a TVM tensor in host memory (a call plan's reused workspaces that only
+    kernels take, invocation.CallPlan): recorded as a numpy copy like the arrays."""
+    import tvm_ffi
+
+    return isinstance(value, tvm_ffi.Tensor) and value.__dlpack_device__()[0] == 1  # kDLCPU
 
 
 def _swap(kernels: dict, replacements: dict) -> dict:
