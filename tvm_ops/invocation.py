@@ -13,7 +13,7 @@ Small host workspaces are carved once and reused by the next call of the same pl
 same thread (`REUSED_WORKSPACE_BYTES`): no caller ever sees a workspace, the calls of one
 thread never overlap, and carving a dozen views costs microseconds of a small call. Each
 thread keeps the last plan's block per operator, so memory stays bounded however many
-plans the cache holds. The ones only kernels take (`Operator.kernel_only_workspaces`) are
+plans the cache holds. Where an op lists the ones the host reads (`Operator.host_workspaces`), the others are
 held as TVM tensors of the same memory, which the kernels take without a conversion.
 """
 
@@ -94,9 +94,10 @@ class CallPlan:
             self.workspaces = interop.block_layout(op.workspaces(problem, kernels.plan))
             self.reuses_workspaces = problem.device == "cpu" and 0 < self.workspaces[0] <= REUSED_WORKSPACE_BYTES
             self.zeroed = op.zeroed(problem, kernels.plan)
-            # (a zero-filled workspace stays numpy: the host fills it)
-            self.kernel_only = [name for name in op.kernel_only_workspaces(problem, kernels.plan)
-                                if name not in self.zeroed] if self.reuses_workspaces else []
+            # the workspaces held as TVM tensors (a zero-filled one stays numpy: the host fills it)
+            self.kernel_only, host = [], op.host_workspaces
+            if self.reuses_workspaces and host is not None:
+                self.kernel_only = [name for name, *_ in self.workspaces[1] if name not in (*host, *self.zeroed)]
 
     def run(self, inputs: dict, out: dict):
         op, problem = self.op, self.problem

@@ -15,6 +15,10 @@ class Operator:
     name: str = ""
     kernel_names: tuple = ()  # kernels of one call, in launch order
     recipe = None  # the op's schedule module: one function per target kind (llvm, cuda)
+    # the workspaces count or launch read on the host, where an op lists them: a call plan
+    # that reuses its host workspaces hands the others to the kernels as TVM tensors made
+    # once (a numpy argument costs each kernel call ~90 ns to convert); None: all stay numpy
+    host_workspaces: tuple | None = None
 
     def __init__(self):
         from ..invocation import CallCache
@@ -47,13 +51,6 @@ class Operator:
         Declared rather than allocated inside launch, so the tuner can allocate them once
         and replay launch's kernel calls on a remote device."""
         return {}
-
-    def kernel_only_workspaces(self, problem: checks.Problem, plan: dict) -> tuple:
-        """Workspaces that only kernels take (launch and count never read them on the host):
-        a call plan that reuses its host workspaces hands these to the kernels as TVM
-        tensors made once, where a numpy array costs each kernel call ~90 ns per argument to
-        convert. None unless an op names them."""
-        return ()
 
     def taken_as_is(self, problem: checks.Problem) -> tuple:
         """Inputs that launch takes in their own layout although not contiguous (it converts

@@ -35,6 +35,7 @@ class DynamicScatterForward(Operator):
     name = "dynamic_scatter_forward"
     kernel_names = KERNELS
     recipe = schedule
+    host_workspaces = ("count",)  # the voxel count; the others only kernels take
 
     def plan(self, model, knobs):
         """The seed's split of points (grouping) and voxels (filling) over the cores is the
@@ -79,10 +80,6 @@ class DynamicScatterForward(Operator):
         chunks = -(-n // plan["chunk"])
         return dict(spaces, order=((padded,), "int32"), scratch=((padded,), "int32"), flags=((n,), "int32"),
                     totals=((chunks,), "int32"), offsets=((chunks,), "int32"))
-
-    def kernel_only_workspaces(self, problem, plan):
-        # all but the count, read on the host (18 kernel arguments a call at the radix plan)
-        return tuple(name for name in self.workspaces(problem, plan) if name != "count")
 
     def parallel_loops(self, problem, knobs):
         """group_split's parallel regions where it runs (N from split_min_points on), then
