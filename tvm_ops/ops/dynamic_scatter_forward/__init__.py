@@ -31,6 +31,12 @@ SORTS = ("radix", "bitonic")  # the grouping plans (the knob `sort`)
 CHUNK = 256  # points per chunk of the bitonic plan's scan
 
 
+def _groups_in_two_parts(points: int, settings: dict) -> bool:
+    """Whether the radix plan groups `points` points with group_split (on two cores), for the
+    knobs or the plan (both hold `sort` and `split_min_points`)."""
+    return settings["sort"] == "radix" and points >= int(settings["split_min_points"])
+
+
 class DynamicScatterForward(Operator):
     name = "dynamic_scatter_forward"
     kernel_names = KERNELS
@@ -84,8 +90,7 @@ class DynamicScatterForward(Operator):
     def parallel_loops(self, problem, knobs):
         """group_split's parallel regions where it runs (N from split_min_points on), then
         voxel_rows' and the reduce's loops (point_map, where it runs, is serial)."""
-        split = knobs["sort"] == "radix" and problem.sizes["N"] >= int(knobs["split_min_points"])
-        return (GROUP_SPLIT_LOOPS if split else 0) + 2
+        return (GROUP_SPLIT_LOOPS if _groups_in_two_parts(problem.sizes["N"], knobs) else 0) + 2
 
     def zeroed(self, problem, plan):
         # the bitonic plan writes start and count only where a voxel ends: with no kept
@@ -101,7 +106,7 @@ class DynamicScatterForward(Operator):
             fixed = f"_d{columns}" if columns in FIXED_COLUMNS else ""
             # (group_split's parts made serial do more work than group_rows: one-core libraries
             # group serially)
-            split = problem.sizes["N"] >= int(kernels.plan["split_min_points"]) and not kernels.one_core
+            split = _groups_in_two_parts(problem.sizes["N"], kernels.plan) and not kernels.one_core
             point_map = tensors.get("early_map", tensors["point2voxel_map"])
             if split:
                 kernels["group_split" + fixed](coors, *(tensors[k] for k in (
