@@ -167,6 +167,18 @@ def test_both_max_plans_give_the_reference_bits(case, monkeypatch):
     OP.clear_call_cache()
 
 
+@pytest.mark.parametrize("case", [c.name for c in OP.spec.cases if not c.heavy and c.expect == "ok"
+                                  and c.extra.get("reduce_type") in ("sum", "mean")])
+def test_row_gathers_without_prefetch_give_the_reference_bits(case, monkeypatch):
+    # the CPU's sum / mean prefetch the row of the point `prefetch_points` on; 0 is the plain walk
+    from tvm_ops import runner
+
+    use_knobs(monkeypatch, OP, {"prefetch_points": 0})
+    result = runner.run_case(OP, OP.spec.case(case), "float32", CPU)
+    assert result.verdict == "pass", result.detail
+    OP.clear_call_cache()
+
+
 def test_voxel_buckets_list_each_voxels_points_in_index_order():
     inputs, params = make(500, 80, 3, dropped=20, voxel_num=70, map_high=90)
     kernels = __import__("tvm_ops.dispatch", fromlist=["kernels"]).kernels(OP, "float32", CPU)

@@ -1,17 +1,19 @@
-"""Fixed-channel copies of the voxel pooling kernels (ops/fixed_channels.py): the generic
-kernel's bits on arrays that start anywhere (numpy's keep no 64-byte alignment, which a
-constant row length would let LLVM assume), and launch runs a copy only at its channel count."""
+"""Fixed-channel copies of the voxel pooling and dynamic_scatter_backward kernels
+(ops/fixed_channels.py): the generic kernel's bits on arrays that start anywhere (numpy's
+keep no 64-byte alignment, which a constant row length would let LLVM assume), and launch
+runs a copy only at its channel count."""
 
 import numpy as np
 import pytest
 
 from tvm_ops import checks, dispatch, targets
 from tvm_ops.ops import get
-from tvm_ops.ops.fixed_channels import FIXED_CHANNELS
+from tvm_ops.ops.fixed_channels import FIXED_CHANNELS, VOXEL_ENCODER_CHANNELS
 from tvm_ops.tuning.tune import trace_launch
 
 CPU = targets.resolve("llvm")
 FORWARD, BACKWARD = get("voxel_pooling_forward"), get("voxel_pooling_backward")
+SCATTER_BACKWARD = get("dynamic_scatter_backward")
 B, N, Y, X, Z = 2, 3000, 12, 10, 1
 
 
@@ -76,3 +78,42 @@ def test_launch_runs_a_copy_only_at_its_channel_count(channels):
                 for name, _ in trace_launch(op, problem, dispatch.kernels(op, "float32", CPU).plan)]
     suffix = f"_c{channels}" if channels in FIXED_CHANNELS else ""
     assert launched[1:] == [f"pool{suffix}", f"gather{suffix}"]  # after pos_memo (N >= 4 points a row: no first touch)
+
+
+def scattered(channels: int, seed: int):
+    """dynamic_scatter_backward's sum / mean inputs: 3000 points in 700 voxels, 500 valid
+    (voxel_num), a tenth of the map -1 and some entries past M."""
+    rng = np.random.default_rng(seed)
+    grad = rng.standard_normal((700, channels)).astype(np.float32)
+    point_map = rng.integers(-1, 720, 3000).astype(np.int32)
+    point_map[rng.random(3000) < 0.1] = -1
+    return grad, point_map, rng.integers(1, 9, 700).astype(np.int32)
+
+
+@pytest.mark.parametrize("channels", VOXEL_ENCODER_CHANNELS)
+@pytest.mark.parametrize("reduce_type", ["sum", "mean"])
+def test_scatter_backward_copies_give_the_generic_bits_on_misaligned_arrays(channels, reduce_type):
+    grad, point_map, count = scattered(channels, channels)
+    kernels = dispatch.kernels(SCATTER_BACKWARD, "float32", CPU)
+    results = []
+    for name in (f"{reduce_type}_rows", f"{reduce_type}_rows_c{channels}"):
+        out = misaligned(np.full((len(point_map), channels), np.nan, np.float32))
+        kernels[name](misaligned(grad), misaligned(count), misaligned(point_map), out, 500)
+        results.append(out)
+    valid = (point_map >= 0) & (point_map < 500)
+    rows = grad[np.where(valid, point_map, 0)]
+    expected = np.where(valid[:, None], rows / count[np.where(valid, point_map, 0)][:, None] if reduce_type == "mean"
+                        else rows, 0).astype(np.float32)
+    assert np.array_equal(results[1], expected) and np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("channels", [*VOXEL_ENCODER_CHANNELS, 80, 129])
+def test_scatter_backward_runs_a_copy_only_at_its_channel_count(channels):
+    grad, point_map, count = scattered(channels, 0)
+    feats = np.zeros((len(point_map), channels), np.float32)
+    problem = checks.check(SCATTER_BACKWARD.spec, {"grad_voxel_feats": grad, "feats": feats, "voxel_feats": grad,
+                                                   "point2voxel_map": point_map, "voxel_points_count": count},
+                           {"voxel_num": None, "reduce_type": "mean"}, {}, SCATTER_BACKWARD.rules)
+    launched = [name for name, _ in trace_launch(SCATTER_BACKWARD, problem,
+                                                   dispatch.kernels(SCATTER_BACKWARD, "float32", CPU).plan)]
+    assert launched == [f"mean_rows_c{channels}" if channels in VOXEL_ENCODER_CHANNELS else "mean_rows"]

@@ -18,7 +18,9 @@ point) and writes every output element once: no zero-fill, no write conflicts.
 The CPU's max runs by voxel owners instead (knob max_owners: voxels, compute.
 voxel_owner_computes): a counting sort lists each voxel's points in index order, and a
 task per voxel and channel vector takes its first point equal to the max and writes its
-points' rows: the same winner, and each output row written by one task.
+points' rows: the same winner, and each output row written by one task. The CPU's sum and
+mean are row gathers (compute.row_gather_computes: each point copies its voxel's row,
+prefetching the row of a point further on), with copies for a voxel encoder's channels.
 All indexed accesses sit under the validity test of v, reduce_from is compared, never
 used as an index, and the voxel lists index only points a valid v bucketed, so no input
 (map entries of -1, >= voxel_num, >= M) reaches outside a buffer.
@@ -32,9 +34,11 @@ from ... import policy
 from ...errors import BadParamError
 from ... import interop
 from ...interop import zero as _zero
+from .. import fixed_channels
 from ..base import Operator
+from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from . import schedule
-from .compute import kernel_computes, voxel_owner_computes
+from .compute import kernel_computes, row_gather_computes, voxel_owner_computes
 
 
 def voxel_num_value(voxel_num):
@@ -68,7 +72,9 @@ def _first_int(values) -> int:
 class DynamicScatterBackward(Operator):
     name = "dynamic_scatter_backward"
     kernel_names = ("max_init", "max_traceback", "max_scatter", "sum_scatter", "mean_scatter", "max_buckets",
-                    "max_voxels", "max_voxels_small", "max_unbucketed")
+                    "max_voxels", "max_voxels_small", "max_unbucketed", "sum_rows", "mean_rows",
+                    *fixed_channels.names("sum_rows", VOXEL_ENCODER_CHANNELS),
+                    *fixed_channels.names("mean_rows", VOXEL_ENCODER_CHANNELS))
     recipe = schedule
 
     # --- contract -----------------------------------------------------------
@@ -97,16 +103,17 @@ class DynamicScatterBackward(Operator):
             # a warp of consecutive channels (coalesced) x threads / 32 rows per block
             return {"threads_x": policy.WARP, "threads_y": pol.warps(int(knobs["threads"]))}
         # channels per owner step: lanes_mult whole SIMD registers (the NFU alignment)
-        return {"vec": pol.vector(int(knobs["lanes_mult"])),
-                "unroll_points": int(knobs["unroll_points"]), "max_owners": knobs["max_owners"]}
+        return {"vec": pol.vector(int(knobs["lanes_mult"])), "unroll_points": int(knobs["unroll_points"]),
+                "max_owners": knobs["max_owners"], "prefetch_points": int(knobs["prefetch_points"])}
 
     def computes(self, dtype, plan, model):
         scatters = kernel_computes(dtype)
-        if model.kind != "llvm" or plan.get("max_owners") != "voxels":  # max by the traceback
+        if model.kind != "llvm":
             return scatters
-        # max by voxel owners: the traceback's three kernels are not launched
-        sum_mean = {name: scatters[name] for name in ("sum_scatter", "mean_scatter")}
-        return {**sum_mean, **voxel_owner_computes(dtype, (plan["vec"], 1), model.kind)}
+        rows = row_gather_computes(dtype, plan["vec"], plan["prefetch_points"])  # sum and mean
+        if plan["max_owners"] == "voxels":  # the traceback's three kernels are not launched
+            return {**rows, **voxel_owner_computes(dtype, (plan["vec"], 1), model.kind)}
+        return {**rows, **{name: scatters[name] for name in ("max_init", "max_traceback", "max_scatter")}}
 
     def _by_voxels(self, problem, plan) -> bool:
         return problem.device == "cpu" and plan.get("max_owners") == "voxels"
@@ -139,6 +146,9 @@ class DynamicScatterBackward(Operator):
             kernels["max_init"](reduce_from, problem.sizes["N"])
             kernels["max_traceback"](tensors["feats"], tensors["voxel_feats"], p2v, reduce_from, voxel_num)
             kernels["max_scatter"](g, reduce_from, p2v, out, voxel_num)
+        elif problem.device == "cpu":  # sum / mean: row gathers, C fixed at an encoder's channels
+            rows = fixed_channels.pick(f"{reduce_type}_rows", problem.sizes["C"], VOXEL_ENCODER_CHANNELS)
+            kernels[rows](g, tensors["voxel_points_count"], p2v, out, voxel_num)
         elif reduce_type == "sum":
             kernels["sum_scatter"](g, p2v, out, voxel_num)
         else:

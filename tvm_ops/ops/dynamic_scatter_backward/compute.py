@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from .. import fixed_channels
 from ..point_vectors import point, scratch_scope, vectors
+from ..prefetch import prefetch_words
 
 def kernel_computes(dtype: str) -> dict:
     """Schedule-free TensorIR of the five kernels; N, M and C stay symbolic and
@@ -202,3 +204,62 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
 
     return {"max_buckets": max_buckets, "max_voxels": voxels(widths[0]), "max_voxels_small": voxels(widths[1]),
             "max_unbucketed": max_unbucketed}
+
+
+def row_gather_computes(dtype: str, V: int, ahead: int) -> dict:
+    """The CPU's sum and mean as row gathers: each point, in order, copies its voxel's
+    gradient row (mean: divided by the voxel's count) as V-wide vectors, or zeros when it is
+    in no valid voxel, and prefetches the row of the point `ahead` on (voxels at random: no
+    hardware prefetcher follows them). Plus copies with C fixed at a dynamic voxel encoder's
+    channels (fixed_channels): a row of straight-line vector moves. The same arithmetic as
+    sum_scatter / mean_scatter, so the same bits."""
+    zero = T.cast(0, dtype)
+
+    def gather(mean: bool):
+        @T.prim_func(s_tir=True)
+        def rows(grad_voxel_feats_h: T.handle, count_h: T.handle, map_h: T.handle, grad_feats_h: T.handle,
+                 voxel_num: T.int32):
+            T.func_attr({"tirx.noalias": True})
+            M, C, N = T.int32(), T.int32(), T.int32()
+            grad_voxel_feats = T.match_buffer(grad_voxel_feats_h, (M, C), dtype)
+            voxel_points_count = T.match_buffer(count_h, (M,), "int32")
+            point2voxel_map = T.match_buffer(map_h, (N,), "int32")
+            grad_feats = T.match_buffer(grad_feats_h, (N, C), dtype)
+            for n in range(N):
+                with T.sblock("point"):
+                    vn = T.axis.remap("S", [n])
+                    T.reads(point2voxel_map[0:N], voxel_points_count[0:M], grad_voxel_feats[0:M, 0:C])
+                    T.writes(grad_feats[vn, 0:C])
+                    if ahead > 0 and M > 0:
+                        # a clamped row, no branch on whether that point is kept (as random as
+                        # the points); a prefetch reads nothing, the clamp keeps its address in
+                        # the buffer
+                        later = T.Bind(T.max(0, T.min(point2voxel_map[T.min(vn + ahead, N - 1)], M - 1)))
+                        prefetch_words(lambda w: grad_voxel_feats[later, w], C, 0)
+                    v = T.Bind(point2voxel_map[vn])
+                    if 0 <= v and v < T.min(voxel_num, M):
+                        if mean:
+                            count = T.Bind(T.cast(voxel_points_count[v], dtype))
+                            for c0 in range(C // V):
+                                for c1 in T.vectorized(V):
+                                    grad_feats[vn, c0 * V + c1] = grad_voxel_feats[v, c0 * V + c1] / count
+                            for ct in range(C % V):
+                                grad_feats[vn, C // V * V + ct] = grad_voxel_feats[v, C // V * V + ct] / count
+                        else:
+                            for c0 in range(C // V):
+                                for c1 in T.vectorized(V):
+                                    grad_feats[vn, c0 * V + c1] = grad_voxel_feats[v, c0 * V + c1]
+                            for ct in range(C % V):
+                                grad_feats[vn, C // V * V + ct] = grad_voxel_feats[v, C // V * V + ct]
+                    else:
+                        for c0 in range(C // V):
+                            for c1 in T.vectorized(V):
+                                grad_feats[vn, c0 * V + c1] = zero
+                        for ct in range(C % V):
+                            grad_feats[vn, C // V * V + ct] = zero
+        return rows
+
+    kernels = {"sum_rows": gather(False), "mean_rows": gather(True)}
+    for name, func in list(kernels.items()):
+        kernels |= fixed_channels.copies(name, func, {0: (("M", "C"), dtype)}, fixed_channels.VOXEL_ENCODER_CHANNELS)
+    return kernels

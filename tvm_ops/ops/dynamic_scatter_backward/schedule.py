@@ -6,7 +6,8 @@ point and writes its points' rows (compute.voxel_owner_computes). max_owners: ch
 the traceback's owners are channel blocks of plan["vec"] channels: each walks every point
 in index order and min-updates its slice of the voxel's reduce_from row, so no two
 threads touch one element and min makes the order irrelevant (identical bits on every
-thread count). init and the scatters: owners are rows.
+thread count). init and the scatters: owners are rows; sum / mean (sum_rows, mean_rows): a task
+per point.
 CUDA: threadIdx.x = 32 consecutive channels, threadIdx.y = rows, blockIdx.x = row chunks;
 the traceback's min-update becomes atomicMin on the int32 workspace.
 """
@@ -18,6 +19,9 @@ VOXEL_OWNERS = ("max_buckets", "max_voxels", "max_voxels_small")  # the CPU's ma
 
 
 def llvm(sch, kernel, model, plan):
+    if kernel.startswith(("sum_rows", "mean_rows")):  # a task per point (its vectors are in the compute)
+        sch.parallel(sch.get_loops(sch.get_sblock("point"))[0])
+        return
     if kernel in VOXEL_OWNERS:
         # max_buckets: one serial walk; max_voxels: a task per voxel (its lane loop is
         # vectorised in the compute)
