@@ -216,12 +216,29 @@ def zero(array) -> None:
         array.zero_()
 
 
+def call_signature(head: list, values) -> tuple | None:
+    """A hashable, flat summary of what the checks and the kernel choice read of a call's
+    arguments: `head`, then per argument its kind, shape, dtype, strides, device and
+    writability (a tensor) or its value (a scalar); None when an argument has none (the call
+    then takes the checked path every time). Flat: a call plan's key is hashed and compared on
+    every call, and nested tuples cost both (~0.7 us of a five-array call)."""
+    key = head
+    for value in values:
+        if type(value) is np.ndarray:  # the common case inline; ndim first keeps the key unambiguous
+            key += (np.ndarray, value.ndim, *value.shape, *value.strides, value.dtype, value.flags.writeable)
+        elif value is None:
+            key.append(None)
+        else:
+            part = signature(value)
+            if part is None:
+                return None
+            key.append(part)
+    return tuple(key)
+
+
 def signature(value):
-    """A hashable summary of what the checks and the kernel choice read of a tensor argument
-    (its kind, shape, dtype, strides, device and writability), or of a scalar argument; None
-    when the argument has none (the call then takes the checked path every time)."""
-    if type(value) is np.ndarray:  # the common case first: this runs per argument and call
-        return np.ndarray, value.shape, value.dtype, value.strides, value.flags.writeable
+    """A hashable summary of a tensor argument (its kind, shape, dtype, strides, device and
+    writability) or of a scalar argument; None when the argument has none."""
     kind = _SIGNED.get(type(value))
     if kind is None:
         kind = _SIGNED[type(value)] = _signature_kind(value)

@@ -77,6 +77,12 @@ def returned(op, tensors: dict):
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def _returned_names(op):
+    """What returned() reads: the one output's name, or the tuple of them in spec order."""
+    names = tuple(t.name for t in op.spec.outputs)
+    return names[0] if len(names) == 1 else names
+
+
 class CallPlan:
     """A checked call, ready to run on any tensors of the same signature."""
 
@@ -90,6 +96,8 @@ class CallPlan:
                              if t.name not in problem.outs and t.name not in self.new_outputs]
         as_is = op.taken_as_is(problem) if kernels is not None else ()
         self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
+        self.given, self.returned_names = tuple(problem.outs), _returned_names(op)
+        self.workspaces = (0, ())
         if kernels is not None:  # None: an empty problem, whose outputs are zeros
             self.workspaces = interop.block_layout(op.workspaces(problem, kernels.plan))
             self.reuses_workspaces = problem.device == "cpu" and 0 < self.workspaces[0] <= REUSED_WORKSPACE_BYTES
@@ -102,7 +110,7 @@ class CallPlan:
     def run(self, inputs: dict, out: dict):
         op, problem = self.op, self.problem
         op.value_rules(problem, inputs)
-        outputs = {name: value for name, value in out.items() if value is not None}
+        outputs = {name: out[name] for name in self.given}  # the signature says which were given
         if outputs:
             _refuse_aliases(op.name, inputs, outputs)
         for name, allocate in self.allocators.items():
@@ -111,11 +119,11 @@ class CallPlan:
             for name in problem.outs:
                 interop.zero(outputs[name])
             return returned(op, outputs)
-        tensors = dict(inputs)
+        tensors = {**inputs, **outputs}
         for name in self.copied:
             tensors[name] = interop.make_contiguous(inputs[name])
-        tensors.update(outputs)
-        tensors.update(self._workspaces())
+        if self.workspaces[1]:
+            tensors.update(self._workspaces())
         for name in self.zeroed:
             interop.zero(tensors[name])
         if op.spec.counted:  # data-dependent output sizes: count, then allocate the rest
@@ -126,7 +134,8 @@ class CallPlan:
             outputs.update(new_tensors(problem, late, zero=False))
             tensors.update(outputs)
         op.launch(self.kernels, problem, tensors)
-        return returned(op, outputs)
+        names = self.returned_names  # returned(), its names found once per plan
+        return outputs[names] if type(names) is str else tuple(map(outputs.__getitem__, names))
 
     def _workspaces(self) -> dict:
         """{name: workspace}: views of a new block, or of this thread's block of the previous

@@ -99,12 +99,10 @@ class Operator:
         return plan.run(inputs, out)
 
     def _signature(self, inputs: dict, params: dict, target, out: dict):
-        values = [inputs.get(name) for name in self._input_names]
-        values += [out.get(name) for name in self._output_names]
-        values += params.values()
-        parts = [target if isinstance(target, (str, targets.TargetModel)) else None]
-        parts += map(interop.signature, values)
-        return None if None in parts else (tuple(params), *parts)
+        if not isinstance(target, (str, targets.TargetModel)):
+            return None
+        return interop.call_signature([tuple(params), target], (*map(inputs.get, self._input_names),
+                                                                 *map(out.get, self._output_names), *params.values()))
 
     def _checked(self, inputs: dict, params: dict, target, out: dict):
         """The full path: every check, then the kernels for the call's shape class."""
