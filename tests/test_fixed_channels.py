@@ -1,4 +1,4 @@
-"""Fixed-channel copies of the voxel pooling and dynamic_scatter_backward kernels
+"""Fixed-channel copies of the voxel pooling and dynamic_scatter kernels
 (ops/fixed_channels.py): the generic kernel's bits on arrays that start anywhere (numpy's
 keep no 64-byte alignment, which a constant row length would let LLVM assume), and launch
 runs a copy only at its channel count."""
@@ -6,6 +6,7 @@ runs a copy only at its channel count."""
 import numpy as np
 import pytest
 
+import tvm_ops
 from tvm_ops import checks, dispatch, targets
 from tvm_ops.ops import get
 from tvm_ops.ops.fixed_channels import FIXED_CHANNELS, VOXEL_ENCODER_CHANNELS
@@ -13,7 +14,7 @@ from tvm_ops.tuning.tune import trace_launch
 
 CPU = targets.resolve("llvm")
 FORWARD, BACKWARD = get("voxel_pooling_forward"), get("voxel_pooling_backward")
-SCATTER_BACKWARD = get("dynamic_scatter_backward")
+SCATTER_FORWARD, SCATTER_BACKWARD = get("dynamic_scatter_forward"), get("dynamic_scatter_backward")
 B, N, Y, X, Z = 2, 3000, 12, 10, 1
 
 
@@ -117,3 +118,32 @@ def test_scatter_backward_runs_a_copy_only_at_its_channel_count(channels):
     launched = [name for name, _ in trace_launch(SCATTER_BACKWARD, problem,
                                                    dispatch.kernels(SCATTER_BACKWARD, "float32", CPU).plan)]
     assert launched == [f"mean_rows_c{channels}" if channels in VOXEL_ENCODER_CHANNELS else "mean_rows"]
+
+
+@pytest.mark.parametrize("channels", [*VOXEL_ENCODER_CHANNELS, 48])
+@pytest.mark.parametrize("reduce_type", ["max", "sum", "mean"])
+def test_scatter_forward_reduces_whole_rows_at_an_encoders_channels(channels, reduce_type):
+    # the whole-row copies run only at their C and add each voxel's points in point order, as
+    # the channel-vector reduce does: np.add.at on float32 adds in index order too
+    from tvm_ops.invocation import CallPlan
+
+    rng = np.random.default_rng(channels)
+    coors = rng.integers(-1, 6, (3000, 3)).astype(np.int32)
+    feats = (rng.standard_normal((3000, channels)) * 10.0 ** rng.integers(-6, 6, (3000, channels))).astype(np.float32)
+    kept = (coors >= 0).all(1)
+    _, inverse, counts = np.unique(coors[kept], axis=0, return_inverse=True, return_counts=True)
+    expected = np.full((counts.size, channels), -np.inf if reduce_type == "max" else 0, np.float32)
+    (np.maximum if reduce_type == "max" else np.add).at(expected, inverse.reshape(-1), feats[kept])
+    if reduce_type == "mean":
+        expected /= counts[:, None].astype(np.float32)
+    inputs = {"feats": misaligned(feats), "coors": misaligned(coors)}
+    library = dispatch.kernels(SCATTER_FORWARD, "float32", CPU)
+    ran = []
+    recording = library.like({name: (lambda name: lambda *args: ran.append(name) or library[name](*args))(name)
+                              for name in library})
+    problem = checks.check(SCATTER_FORWARD.spec, inputs, {"reduce_type": reduce_type}, {}, SCATTER_FORWARD.rules)
+    voxel_feats, *_ = CallPlan(SCATTER_FORWARD, problem, recording).run(inputs, {})
+    rows = f"reduce_{reduce_type}_rows_c{channels}"
+    assert (rows in ran) == (channels in VOXEL_ENCODER_CHANNELS)
+    assert np.array_equal(voxel_feats, expected)
+    assert np.array_equal(voxel_feats, tvm_ops.dynamic_scatter_forward(feats, coors, reduce_type)[0])

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from ... import policy
 from ...errors import BadParamError
+from .. import fixed_channels
 from ..base import Operator
+from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import plan_vector
 from . import schedule
 from .compute import (COARSE, FIXED_COLUMNS, GROUP_KERNELS, GROUP_SPLIT_LOOPS, KERNELS, RADIX_BITS, REDUCE_WIDTHS,
@@ -166,7 +168,9 @@ class DynamicScatterForward(Operator):
         if problem.sizes["C"] == 0:  # no channel: voxel_feats is [M, 0]
             return
         reduce, channels = f"reduce_{problem.params['reduce_type']}", problem.sizes["C"]
-        if problem.device == "cpu" and channels < int(kernels.plan["vector"]):  # the widest vector C holds
+        if problem.device == "cpu" and channels in VOXEL_ENCODER_CHANNELS:  # whole rows, C fixed
+            reduce = fixed_channels.pick(f"{reduce}_rows", channels, VOXEL_ENCODER_CHANNELS)
+        elif problem.device == "cpu" and channels < int(kernels.plan["vector"]):  # the widest vector C holds
             reduce += "_lanes" if channels >= int(kernels.plan["lanes"]) else "_small"
         kernels[reduce](tensors["feats"], order, start, tensors["voxel_feats"])
 

@@ -48,7 +48,9 @@ Filling (after the host has read M and allocated the [M, ...] outputs):
                  On the CPU the rows come in sorted order, which no hardware prefetcher
                  follows: each step prefetches the row `ahead` sorted points on. Widths
                  (REDUCE_WIDTHS): the plan's vector, the target's lanes (C below the
-                 vector), one channel (C below the lanes, and CUDA).
+                 vector), one channel (C below the lanes, and CUDA). On the CPU at a voxel
+                 encoder's channels (64, 128): reduce_{max,sum,mean}_rows_c<C>, a block per
+                 voxel walking its points once, each whole row added into registers.
   voxel_rows     voxel_coors (the first point's row) and voxel_points_count
   point_map      point2voxel_map[order[i]] = voxel of sorted position i, -1 for dropped points
                  (the bitonic plan's; the radix plan's when the caller gives the map with
@@ -69,8 +71,10 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .. import fixed_channels
+from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import point, scratch_scope, vectors
-from ..prefetch import LINE_WORDS
+from ..prefetch import LINE_WORDS, prefetch_words
 
 RADIX_BITS = 14
 RADIX = 1 << RADIX_BITS
@@ -98,7 +102,8 @@ GROUP_KERNELS = {"radix": tuple(f"{name}{d}" for name in ("group_rows", "group_s
                              "chunk_totals", "chunk_offsets", "chunk_scan", "segment_starts")}
 REDUCE_TYPES = ("max", "sum", "mean")
 REDUCE_WIDTHS = ("", "_lanes", "_small")  # channel vectors of the plan's width, the target's lanes, one
-FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}{w}" for r in REDUCE_TYPES for w in REDUCE_WIDTHS)
+FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}{w}" for r in REDUCE_TYPES for w in REDUCE_WIDTHS) \
+    + tuple(name for r in REDUCE_TYPES for name in fixed_channels.names(f"reduce_{r}_rows", VOXEL_ENCODER_CHANNELS))
 KERNELS = GROUP_KERNELS["radix"] + GROUP_KERNELS["bitonic"] + FILL_KERNELS
 
 
@@ -827,6 +832,58 @@ def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: s
     return reduce
 
 
+def row_reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int):
+    """The CPU's reduce over whole rows, for copies with C fixed (fixed_channels): a task per
+    voxel walks its points once, each point's row added into C / lanes vector registers and
+    the row `ahead` sorted points on prefetched, where the channel-vector reduce walks the
+    points once per vector. The same float32 sums in the same order, so the same bits."""
+    f32 = "float32"
+    scratch = scratch_scope("llvm")
+
+    @T.prim_func(s_tir=True)
+    def reduce_rows(feats_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_feats_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        N, C, P, S, M = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        feats = T.match_buffer(feats_h, (N, C), dtype)
+        order = T.match_buffer(order_h, (P,), "int32")
+        start = T.match_buffer(start_h, (S,), "int32")
+        voxel_feats = T.match_buffer(voxel_feats_h, (M, C), dtype)
+        for v in range(M):
+            with T.sblock("reduce"):
+                vv = T.axis.remap("S", [v])
+                T.reads(feats[0:N, 0:C], order[0:P], start[vv:vv + 2])
+                T.writes(voxel_feats[vv, 0:C])
+                acc = T.alloc_buffer((C,), f32, scope=scratch)  # C a constant in the copies: registers
+                for part in T.unroll(C // lanes):
+                    for lane in T.vectorized(lanes):
+                        acc[part * lanes + lane] = T.float32(float("-inf")) if reduce_type == "max" else T.float32(0)
+                for i in range(start[vv], start[vv + 1]):
+                    n = T.Bind(order[i])
+                    if ahead > 0:  # the row `ahead` sorted points on: no hardware prefetcher follows
+                        later = T.Bind(order[T.min(i + ahead, P - 1)])
+                        prefetch_words(lambda w: feats[later, w], C, 0)
+                    for part in T.unroll(C // lanes):
+                        for lane in T.vectorized(lanes):
+                            x = T.meta_var(T.Cast(f32, feats[n, part * lanes + lane]))
+                            if reduce_type == "max":
+                                acc[part * lanes + lane] = T.Select(x > acc[part * lanes + lane], x,
+                                                                    acc[part * lanes + lane])
+                            else:
+                                acc[part * lanes + lane] = acc[part * lanes + lane] + x
+                for part in T.unroll(C // lanes):
+                    for lane in T.vectorized(lanes):
+                        if reduce_type == "mean":
+                            voxel_feats[vv, part * lanes + lane] = T.Cast(
+                                dtype, acc[part * lanes + lane] / T.Cast(f32, start[vv + 1] - start[vv]))
+                        else:
+                            voxel_feats[vv, part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
+
+    if any(channels % lanes for channels in VOXEL_ENCODER_CHANNELS):
+        raise ValueError(f"reduce_rows: the fixed channel counts {VOXEL_ENCODER_CHANNELS} must be whole vectors of "
+                         f"{lanes} lanes")
+    return reduce_rows
+
+
 def fill_computes(dtype: str, widths: tuple, ahead: int, kind: str) -> dict:
     """The kernels that write the outputs once M is known; `widths`: the channels per vector
     of the three reduce widths (REDUCE_WIDTHS), `ahead`: the reduce's prefetch distance,
@@ -873,4 +930,8 @@ def fill_computes(dtype: str, widths: tuple, ahead: int, kind: str) -> dict:
     for reduce_type in REDUCE_TYPES:
         for suffix, lanes in zip(REDUCE_WIDTHS, widths):
             kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead, kind)
+        if kind == "llvm":  # whole rows at a voxel encoder's channels
+            rows = row_reduce_compute(dtype, reduce_type, widths[1], ahead)
+            kernels |= fixed_channels.copies(f"reduce_{reduce_type}_rows", rows, {0: (("N", "C"), dtype)},
+                                             VOXEL_ENCODER_CHANNELS)
     return kernels
