@@ -55,6 +55,7 @@ MIN_BYTES = 32 << 20
 LINE_BYTES = 64
 # from this size on
 ALIGN_MIN_BYTES = 64 << 10
+_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64", "uint8")}
 
 # re-entrant: _give_back is a finalizer and may run inside a garbage collection anywhere,
 # this module included (nothing under the lock creates an object that could start one)
@@ -99,9 +100,9 @@ def _reuses(nbytes: int) -> bool:
 def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     """An uninitialised C-contiguous array, starting on a cache line unless it is small (or
     always, with line_aligned), from a reused block when it is large."""
-    dtype = np.dtype(dtype)
+    dtype = _DTYPES.get(dtype) or np.dtype(dtype)  # (runs per output of a call: a lookup, not a parse)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES) and not line_aligned:
+    if nbytes < ALIGN_MIN_BYTES and nbytes < MIN_BYTES and not line_aligned:
         return np.empty(shape, dtype)
     if not _reuses(nbytes):
         return _on_a_line(shape, dtype, nbytes)

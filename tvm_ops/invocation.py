@@ -91,8 +91,10 @@ class CallPlan:
         self.new_outputs = output_specs(op, problem)
         self.allocators = {name: interop.allocator(problem.kind, problem.device, shape, dtype, zero=problem.empty)
                            for name, (shape, dtype) in self.new_outputs.items()}
-        # the outputs allocated once the kernels have counted their sizes: (name, dims, dtype)
-        self.late_outputs = [(t.name, t.dims, op.output_dtype(t, problem)) for t in op.spec.outputs
+        # the outputs allocated once the kernels have counted their sizes: (name, shape with the
+        # symbol of each counted size in its place, dtype), the rest of each shape known now
+        self.late_outputs = [(t.name, tuple(problem.sizes.get(d, d) if isinstance(d, str) else d for d in t.dims),
+                              op.output_dtype(t, problem)) for t in op.spec.outputs
                              if t.name not in problem.outs and t.name not in self.new_outputs]
         as_is = op.taken_as_is(problem) if kernels is not None else ()
         self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
@@ -128,11 +130,12 @@ class CallPlan:
             interop.zero(tensors[name])
         if op.spec.counted:  # data-dependent output sizes: count, then allocate the rest
             counted = op.count(self.kernels, problem, tensors)
-            _check_counted(op, problem, counted)
-            sizes = dict(problem.sizes, **counted)
-            late = {name: (checks.shape_of(dims, sizes), dtype) for name, dims, dtype in self.late_outputs}
-            outputs.update(new_tensors(problem, late, zero=False))
-            tensors.update(outputs)
+            if self.given:
+                _check_counted(op, problem, counted)
+            for name, dims, dtype in self.late_outputs:
+                shape = tuple([counted[d] if type(d) is str else d for d in dims])
+                outputs[name] = tensors[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype,
+                                                                        zero=False)
         op.launch(self.kernels, problem, tensors)
         names = self.returned_names  # returned(), its names found once per plan
         return outputs[names] if type(names) is str else tuple(map(outputs.__getitem__, names))
