@@ -39,6 +39,12 @@ def _groups_in_two_parts(points: int, settings: dict) -> bool:
     return settings["sort"] == "radix" and points >= int(settings["split_min_points"])
 
 
+def _reduces_whole_rows(problem) -> bool:
+    """Whether the CPU's reduce runs with C fixed (a voxel encoder's channels), whole rows at a
+    time, writing voxel_rows' outputs too."""
+    return problem.device == "cpu" and problem.sizes["C"] in VOXEL_ENCODER_CHANNELS
+
+
 class DynamicScatterForward(Operator):
     name = "dynamic_scatter_forward"
     kernel_names = KERNELS
@@ -91,8 +97,10 @@ class DynamicScatterForward(Operator):
 
     def parallel_loops(self, problem, knobs):
         """group_split's parallel regions where it runs (N from split_min_points on), then
-        voxel_rows' and the reduce's loops (point_map, where it runs, is serial)."""
-        return (GROUP_SPLIT_LOOPS if _groups_in_two_parts(problem.sizes["N"], knobs) else 0) + 2
+        voxel_rows' and the reduce's loops, one where the reduce writes voxel_rows' outputs
+        (point_map, where it runs, is serial)."""
+        fill = 1 if _reduces_whole_rows(problem) else 2
+        return (GROUP_SPLIT_LOOPS if _groups_in_two_parts(problem.sizes["N"], knobs) else 0) + fill
 
     def zeroed(self, problem, plan):
         # the bitonic plan writes start and count only where a voxel ends: with no kept
@@ -164,15 +172,19 @@ class DynamicScatterForward(Operator):
             kernels["point_map"](order, tensors["voxel_of"], start, tensors["point2voxel_map"], voxels)
         if voxels == 0:  # every point dropped: the [0, ...] outputs hold nothing to write
             return
-        kernels["voxel_rows"](tensors["coors"], order, start, tensors["voxel_coors"], tensors["voxel_points_count"])
-        if problem.sizes["C"] == 0:  # no channel: voxel_feats is [M, 0]
-            return
         reduce, channels = f"reduce_{problem.params['reduce_type']}", problem.sizes["C"]
-        if problem.device == "cpu" and channels in VOXEL_ENCODER_CHANNELS:  # whole rows, C fixed
-            reduce = fixed_channels.pick(f"{reduce}_rows", channels, VOXEL_ENCODER_CHANNELS)
-        elif problem.device == "cpu" and channels < int(kernels.plan["vector"]):  # the widest vector C holds
+        feats, coors, voxel_coors, counts = (tensors[name] for name in ("feats", "coors", "voxel_coors",
+                                                                          "voxel_points_count"))
+        if _reduces_whole_rows(problem):  # whole rows, C fixed, voxel_rows' outputs with them
+            rows = fixed_channels.pick(f"{reduce}_rows", channels, VOXEL_ENCODER_CHANNELS)
+            kernels[rows](feats, coors, order, start, tensors["voxel_feats"], voxel_coors, counts)
+            return
+        kernels["voxel_rows"](coors, order, start, voxel_coors, counts)
+        if channels == 0:  # no channel: voxel_feats is [M, 0]
+            return
+        if problem.device == "cpu" and channels < int(kernels.plan["vector"]):  # the widest vector C holds
             reduce += "_lanes" if channels >= int(kernels.plan["lanes"]) else "_small"
-        kernels[reduce](tensors["feats"], order, start, tensors["voxel_feats"])
+        kernels[reduce](feats, order, start, tensors["voxel_feats"])
 
 
 OP = DynamicScatterForward()

@@ -50,7 +50,8 @@ Filling (after the host has read M and allocated the [M, ...] outputs):
                  (REDUCE_WIDTHS): the plan's vector, the target's lanes (C below the
                  vector), one channel (C below the lanes, and CUDA). On the CPU at a voxel
                  encoder's channels (64, 128): reduce_{max,sum,mean}_rows_c<C>, a block per
-                 voxel walking its points once, each whole row added into registers.
+                 voxel walking its points once, each whole row added into registers, which
+                 writes voxel_rows' outputs too.
   voxel_rows     voxel_coors (the first point's row) and voxel_points_count
   point_map      point2voxel_map[order[i]] = voxel of sorted position i, -1 for dropped points
                  (the bitonic plan's; the radix plan's when the caller gives the map with
@@ -836,23 +837,33 @@ def row_reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int):
     """The CPU's reduce over whole rows, for copies with C fixed (fixed_channels): a task per
     voxel walks its points once, each point's row added into C / lanes vector registers and
     the row `ahead` sorted points on prefetched, where the channel-vector reduce walks the
-    points once per vector. The same float32 sums in the same order, so the same bits."""
+    points once per vector; it also writes what voxel_rows does (the voxel's first point's
+    coordinates, its point count): a parallel loop fewer. The same float32 sums in the same
+    order, so the same bits."""
     f32 = "float32"
     scratch = scratch_scope("llvm")
 
     @T.prim_func(s_tir=True)
-    def reduce_rows(feats_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_feats_h: T.handle):
+    def reduce_rows(feats_h: T.handle, coors_h: T.handle, order_h: T.handle, start_h: T.handle,
+                    voxel_feats_h: T.handle, voxel_coors_h: T.handle, counts_h: T.handle):
         T.func_attr({"tirx.noalias": True})
-        N, C, P, S, M = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        N, C, D, P, S, M = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         feats = T.match_buffer(feats_h, (N, C), dtype)
+        coors = T.match_buffer(coors_h, (N, D), "int32")
         order = T.match_buffer(order_h, (P,), "int32")
         start = T.match_buffer(start_h, (S,), "int32")
         voxel_feats = T.match_buffer(voxel_feats_h, (M, C), dtype)
+        voxel_coors = T.match_buffer(voxel_coors_h, (M, D), "int32")
+        counts = T.match_buffer(counts_h, (M,), "int32")
         for v in range(M):
             with T.sblock("reduce"):
                 vv = T.axis.remap("S", [v])
-                T.reads(feats[0:N, 0:C], order[0:P], start[vv:vv + 2])
-                T.writes(voxel_feats[vv, 0:C])
+                T.reads(feats[0:N, 0:C], coors[0:N, 0:D], order[0:P], start[vv:vv + 2])
+                T.writes(voxel_feats[vv, 0:C], voxel_coors[vv, 0:D], counts[vv])
+                first = T.Bind(order[start[vv]])
+                for d in range(D):
+                    voxel_coors[vv, d] = coors[first, d]
+                counts[vv] = start[vv + 1] - start[vv]
                 acc = T.alloc_buffer((C,), f32, scope=scratch)  # C a constant in the copies: registers
                 for part in T.unroll(C // lanes):
                     for lane in T.vectorized(lanes):
