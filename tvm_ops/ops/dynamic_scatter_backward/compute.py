@@ -206,6 +206,16 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
             "max_unbucketed": max_unbucketed}
 
 
+@T.macro
+def _row_into(grad_feats, n, value, C, V):
+    """grad_feats[n, c] = value(c) for every channel: V-wide vectors, then the C % V tail."""
+    for c0 in range(C // V):
+        for c1 in T.vectorized(V):
+            grad_feats[n, c0 * V + c1] = value(c0 * V + c1)
+    for ct in range(C % V):
+        grad_feats[n, C // V * V + ct] = value(C // V * V + ct)
+
+
 def row_gather_computes(dtype: str, V: int, ahead: int) -> dict:
     """The CPU's sum and mean as row gathers: each point, in order, copies its voxel's
     gradient row (mean: divided by the voxel's count) as V-wide vectors, or zeros when it is
@@ -240,23 +250,11 @@ def row_gather_computes(dtype: str, V: int, ahead: int) -> dict:
                     if 0 <= v and v < T.min(voxel_num, M):
                         if mean:
                             count = T.Bind(T.cast(voxel_points_count[v], dtype))
-                            for c0 in range(C // V):
-                                for c1 in T.vectorized(V):
-                                    grad_feats[vn, c0 * V + c1] = grad_voxel_feats[v, c0 * V + c1] / count
-                            for ct in range(C % V):
-                                grad_feats[vn, C // V * V + ct] = grad_voxel_feats[v, C // V * V + ct] / count
+                            _row_into(grad_feats, vn, lambda c: grad_voxel_feats[v, c] / count, C, V)
                         else:
-                            for c0 in range(C // V):
-                                for c1 in T.vectorized(V):
-                                    grad_feats[vn, c0 * V + c1] = grad_voxel_feats[v, c0 * V + c1]
-                            for ct in range(C % V):
-                                grad_feats[vn, C // V * V + ct] = grad_voxel_feats[v, C // V * V + ct]
+                            _row_into(grad_feats, vn, lambda c: grad_voxel_feats[v, c], C, V)
                     else:
-                        for c0 in range(C // V):
-                            for c1 in T.vectorized(V):
-                                grad_feats[vn, c0 * V + c1] = zero
-                        for ct in range(C % V):
-                            grad_feats[vn, C // V * V + ct] = zero
+                        _row_into(grad_feats, vn, lambda c: zero, C, V)
         return rows
 
     kernels = {"sum_rows": gather(False), "mean_rows": gather(True)}
