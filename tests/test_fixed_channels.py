@@ -91,6 +91,11 @@ def scattered(channels: int, seed: int):
     return grad, point_map, rng.integers(1, 9, 700).astype(np.int32)
 
 
+def problem_inputs(grad, point_map, count) -> dict:
+    return {"grad_voxel_feats": grad, "feats": np.zeros((len(point_map), grad.shape[1]), np.float32),
+            "voxel_feats": grad, "point2voxel_map": point_map, "voxel_points_count": count}
+
+
 @pytest.mark.parametrize("channels", VOXEL_ENCODER_CHANNELS)
 @pytest.mark.parametrize("reduce_type", ["sum", "mean"])
 def test_scatter_backward_copies_give_the_generic_bits_on_misaligned_arrays(channels, reduce_type):
@@ -108,16 +113,40 @@ def test_scatter_backward_copies_give_the_generic_bits_on_misaligned_arrays(chan
     assert np.array_equal(results[1], expected) and np.array_equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("channels", VOXEL_ENCODER_CHANNELS)
+def test_scatter_backward_max_copies_give_the_generic_bits_on_misaligned_arrays(channels):
+    # max by voxel owners: whole rows (the copies) against channel vectors, with exact ties
+    # (a feature equal to its voxel's max at several points: the first wins) and NaNs
+    grad, point_map, _ = scattered(channels, channels + 1)
+    rng = np.random.default_rng(channels)
+    voxel_feats = rng.integers(0, 3, grad.shape).astype(np.float32)
+    feats = rng.integers(0, 3, (len(point_map), channels)).astype(np.float32)
+    feats[rng.random(feats.shape) < 0.05] = np.nan
+    kernels = dispatch.kernels(SCATTER_BACKWARD, "float32", CPU)
+    order, start = np.empty(len(point_map), np.int32), np.empty(len(grad) + 1, np.int32)
+    kernels["max_buckets"](point_map, order, start, 500)
+    results = []
+    for name in ("max_voxels", f"max_voxels_rows_c{channels}"):
+        out = misaligned(np.full((len(point_map), channels), np.nan, np.float32))
+        kernels[name](misaligned(grad), misaligned(feats), misaligned(voxel_feats), order, start, out)
+        results.append(out)
+    valid = (point_map >= 0) & (point_map < 500)
+    assert np.isfinite(results[1][valid]).all() and np.count_nonzero(results[1][valid]) > 0
+    assert np.array_equal(results[0], results[1], equal_nan=True)
+
+
 @pytest.mark.parametrize("channels", [*VOXEL_ENCODER_CHANNELS, 80, 129])
 def test_scatter_backward_runs_a_copy_only_at_its_channel_count(channels):
     grad, point_map, count = scattered(channels, 0)
-    feats = np.zeros((len(point_map), channels), np.float32)
-    problem = checks.check(SCATTER_BACKWARD.spec, {"grad_voxel_feats": grad, "feats": feats, "voxel_feats": grad,
-                                                   "point2voxel_map": point_map, "voxel_points_count": count},
+    problem = checks.check(SCATTER_BACKWARD.spec, problem_inputs(grad, point_map, count),
                            {"voxel_num": None, "reduce_type": "mean"}, {}, SCATTER_BACKWARD.rules)
-    launched = [name for name, _ in trace_launch(SCATTER_BACKWARD, problem,
-                                                   dispatch.kernels(SCATTER_BACKWARD, "float32", CPU).plan)]
+    plan = dispatch.kernels(SCATTER_BACKWARD, "float32", CPU).plan
+    launched = [name for name, _ in trace_launch(SCATTER_BACKWARD, problem, plan)]
     assert launched == [f"mean_rows_c{channels}" if channels in VOXEL_ENCODER_CHANNELS else "mean_rows"]
+    problem = checks.check(SCATTER_BACKWARD.spec, problem_inputs(grad, point_map, count), {"voxel_num": None,
+                           "reduce_type": "max"}, {}, SCATTER_BACKWARD.rules)
+    launched = [name for name, _ in trace_launch(SCATTER_BACKWARD, problem, plan)]
+    assert launched[1] == (f"max_voxels_rows_c{channels}" if channels in VOXEL_ENCODER_CHANNELS else "max_voxels")
 
 
 @pytest.mark.parametrize("channels", [*VOXEL_ENCODER_CHANNELS, 48])

@@ -72,7 +72,8 @@ def _first_int(values) -> int:
 class DynamicScatterBackward(Operator):
     name = "dynamic_scatter_backward"
     kernel_names = ("max_init", "max_traceback", "max_scatter", "sum_scatter", "mean_scatter", "max_buckets",
-                    "max_voxels", "max_voxels_small", "max_unbucketed", "sum_rows", "mean_rows",
+                    "max_voxels", "max_voxels_small", *fixed_channels.names("max_voxels_rows", VOXEL_ENCODER_CHANNELS),
+                    "max_unbucketed", "sum_rows", "mean_rows",
                     *fixed_channels.names("sum_rows", VOXEL_ENCODER_CHANNELS),
                     *fixed_channels.names("mean_rows", VOXEL_ENCODER_CHANNELS))
     recipe = schedule
@@ -138,8 +139,11 @@ class DynamicScatterBackward(Operator):
         if reduce_type == "max" and self._by_voxels(problem, kernels.plan):
             feats, order, start = tensors["feats"], tensors["order"], tensors["start"]
             kernels["max_buckets"](p2v, order, start, voxel_num)
-            small = problem.sizes["C"] < kernels.plan["vec"]
-            kernels["max_voxels_small" if small else "max_voxels"](g, feats, tensors["voxel_feats"], order, start, out)
+            channels = problem.sizes["C"]
+            voxels = fixed_channels.pick("max_voxels_rows", channels, VOXEL_ENCODER_CHANNELS) \
+                if channels in VOXEL_ENCODER_CHANNELS else "max_voxels_small" if channels < kernels.plan["vec"] \
+                else "max_voxels"
+            kernels[voxels](g, feats, tensors["voxel_feats"], order, start, out)
             kernels["max_unbucketed"](p2v, out, voxel_num)
         elif reduce_type == "max":
             reduce_from = tensors["reduce_from"]

@@ -118,7 +118,8 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
     its points' gradient row written (g there, 0 elsewhere); `max_unbucketed` zeroes the
     rows of points in no valid voxel. The same winner as the traceback's min (the smallest
     matching index): the same bits. `widths`: channels per vector of max_voxels and
-    max_voxels_small; `kind`: the target's (llvm, cuda)."""
+    max_voxels_small; `kind`: the target's (llvm, cuda). On the CPU also max_voxels_rows_c<C>
+    at a voxel encoder's channels (fixed_channels): max_voxels with the whole row one vector."""
     scratch = scratch_scope(kind)
 
     @T.prim_func(s_tir=True)
@@ -202,8 +203,16 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
                 if not (0 <= v and v < voxel_num):
                     grad_feats[vn, vc] = T.cast(0, dtype)
 
-    return {"max_buckets": max_buckets, "max_voxels": voxels(widths[0]), "max_voxels_small": voxels(widths[1]),
-            "max_unbucketed": max_unbucketed}
+    kernels = {"max_buckets": max_buckets, "max_voxels": voxels(widths[0]), "max_voxels_small": voxels(widths[1]),
+               "max_unbucketed": max_unbucketed}
+    if kind == "llvm":
+        # whole rows at a voxel encoder's channels: max_voxels with its vector the row (C
+        # fixed; the first-match state stays in registers), one pair of walks per voxel
+        # instead of one per channel vector
+        for channels in fixed_channels.VOXEL_ENCODER_CHANNELS:
+            kernels |= fixed_channels.copies("max_voxels_rows", voxels(channels), {0: (("M", "C"), dtype)},
+                                             (channels,))
+    return kernels
 
 
 @T.macro

@@ -15,14 +15,15 @@ the traceback's min-update becomes atomicMin on the int32 workspace.
 from ..atomics import atomicize
 
 BLOCKS = {"max_init": "init", "max_traceback": "traceback", "max_unbucketed": "zero"}  # the rest: "scatter"
-VOXEL_OWNERS = ("max_buckets", "max_voxels", "max_voxels_small")  # the CPU's max plan by voxels
+# the CPU's max plan by voxels (and max_voxels_rows_c<C>, its copies over whole rows)
+VOXEL_OWNERS = ("max_buckets", "max_voxels", "max_voxels_small")
 
 
 def llvm(sch, kernel, model, plan):
     if kernel.startswith(("sum_rows", "mean_rows")):  # a task per point (its vectors are in the compute)
         sch.parallel(sch.get_loops(sch.get_sblock("point"))[0])
         return
-    if kernel in VOXEL_OWNERS:
+    if kernel in VOXEL_OWNERS or kernel.startswith("max_voxels_rows"):
         # max_buckets: one serial walk; max_voxels: a task per voxel (its lane loop is
         # vectorised in the compute)
         if kernel != "max_buckets":
