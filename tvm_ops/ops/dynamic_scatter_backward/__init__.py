@@ -17,8 +17,9 @@ reduce_from[v, c] == n, which is bit-identical to mlu-ops' scatter (each (v, c) 
 point) and writes every output element once: no zero-fill, no write conflicts.
 The CPU's max runs by voxel owners instead (knob max_owners: voxels, compute.
 voxel_owner_computes): a counting sort lists each voxel's points in index order, and a
-task per voxel and channel vector takes its first point equal to the max and writes its
-points' rows: the same winner, and each output row written by one task. The CPU's sum and
+task per voxel and channel vector (at a voxel encoder's C = 64, 128: the whole row) takes its
+first point equal to the max and writes its points' rows: the same winner, and each output
+row written by one task. The CPU's sum and
 mean are row gathers (compute.row_gather_computes: each point copies its voxel's row,
 prefetching the row of a point further on), with copies for a voxel encoder's channels.
 All indexed accesses sit under the validity test of v, reduce_from is compared, never
@@ -140,9 +141,10 @@ class DynamicScatterBackward(Operator):
             feats, order, start = tensors["feats"], tensors["order"], tensors["start"]
             kernels["max_buckets"](p2v, order, start, voxel_num)
             channels = problem.sizes["C"]
-            voxels = fixed_channels.pick("max_voxels_rows", channels, VOXEL_ENCODER_CHANNELS) \
-                if channels in VOXEL_ENCODER_CHANNELS else "max_voxels_small" if channels < kernels.plan["vec"] \
-                else "max_voxels"
+            if channels in VOXEL_ENCODER_CHANNELS:  # whole rows, C fixed
+                voxels = fixed_channels.pick("max_voxels_rows", channels, VOXEL_ENCODER_CHANNELS)
+            else:
+                voxels = "max_voxels_small" if channels < kernels.plan["vec"] else "max_voxels"
             kernels[voxels](g, feats, tensors["voxel_feats"], order, start, out)
             kernels["max_unbucketed"](p2v, out, voxel_num)
         elif reduce_type == "max":
