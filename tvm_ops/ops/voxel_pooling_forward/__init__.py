@@ -100,7 +100,7 @@ class VoxelPoolingForward(Operator):
     def computes(self, dtype, plan, model):
         if model.kind == "cuda":
             return compute.cuda_computes(dtype, plan["vec"])
-        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"])
+        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"))
 
     def workspaces(self, problem, plan):
         s = problem.sizes

@@ -8,6 +8,7 @@ a store into an atomic add.
 from __future__ import annotations
 
 import tvm
+from tvm import tirx
 from tvm.script import tirx as T
 
 from .. import fixed_channels
@@ -40,11 +41,28 @@ def _pos_memo_cuda():
     return pos_memo
 
 
-def _pos_memo_tasks(K: int):
+def _pos_memo_tasks(K: int, V: int):
     """The CPU's pos_memo: task (b, t) = points [t * K, (t + 1) * K) of batch b, the same values
     as `_pos_memo_cuda`. The batch and the task's first point are found once per task: with the
     schedule fusing the batch and point loops over the thread pool, the batch was an integer
-    division in every point (~12 cycles a point)."""
+    division in every point (~12 cycles a point). V points at a time: their 3V coordinate
+    words as three V-lane loads, dealt into x, y and z by lane shuffles (tirx.Shuffle: two-
+    source permutes) and the rows put back the same way (5x the scalar walk, which LLVM did
+    not vectorise over the stride-3 rows); the task's last points one at a time."""
+    deal = [[tirx.IntImm("int32", 3 * i + k) for i in range(V)] for k in range(3)]  # x, y, z of the words
+    # word j of the rows' part p: point (p V + j) // 3, coordinate (p V + j) % 3 of the three
+    # V-lane rows (batch or -1, y, x) side by side
+    put = [[tirx.IntImm("int32", (p * V + j) % 3 * V + (p * V + j) // 3) for j in range(V)] for p in range(3)]
+    lanes_u32 = f"uint32x{V}"
+
+    @T.macro
+    def memo_row(memo, vb, vn, x, y, z, X, Y, Z):
+        # one unsigned comparison per coordinate (a negative one wraps past its size)
+        kept: T.let = T.Cast("uint32", x) < T.Cast("uint32", X) and \
+            T.Cast("uint32", y) < T.Cast("uint32", Y) and T.Cast("uint32", z) < T.Cast("uint32", Z)
+        memo[vb, vn, 0] = T.Select(kept, vb, -1)
+        memo[vb, vn, 1] = T.Select(kept, y, -1)
+        memo[vb, vn, 2] = T.Select(kept, x, -1)
 
     @T.prim_func(s_tir=True)
     def pos_memo(geom_h: T.handle, memo_h: T.handle, X: T.int32, Y: T.int32, Z: T.int32):
@@ -57,17 +75,28 @@ def _pos_memo_tasks(K: int):
                 vb, vt = T.axis.remap("SS", [b, t])
                 T.reads(geom[vb, 0:N, 0:3])
                 T.writes(memo[vb, 0:N, 0:3])
-                for j in range(T.min(K, N - vt * K)):
-                    vn: T.let[T.int32] = vt * K + j
-                    x: T.let[T.int32] = geom[vb, vn, 0]
-                    y: T.let[T.int32] = geom[vb, vn, 1]
-                    z: T.let[T.int32] = geom[vb, vn, 2]
-                    # one unsigned compare per coordinate (a negative one wraps past its size)
-                    kept: T.let = T.Cast("uint32", x) < T.Cast("uint32", X) and \
-                        T.Cast("uint32", y) < T.Cast("uint32", Y) and T.Cast("uint32", z) < T.Cast("uint32", Z)
-                    memo[vb, vn, 0] = T.Select(kept, vb, -1)
-                    memo[vb, vn, 1] = T.Select(kept, y, -1)
-                    memo[vb, vn, 2] = T.Select(kept, x, -1)
+                # the rows as flat words ((B * N * 3 < 2^31: the checks refuse larger tensors)
+                words = T.decl_buffer((B * N * 3,), "int32", data=geom.data)
+                rows = T.decl_buffer((B * N * 3,), "int32", data=memo.data)
+                count = T.Bind(T.min(K, N - vt * K))
+                for block in range(count // V):
+                    at = T.Bind((vb * N + vt * K + block * V) * 3)
+                    parts = T.meta_var([words[T.Ramp(at + p * V, 1, V)] for p in range(3)])
+                    x = T.meta_var(tirx.Shuffle(parts, deal[0]))
+                    y = T.meta_var(tirx.Shuffle(parts, deal[1]))
+                    kept = T.meta_var(tirx.And(tirx.And(
+                        T.Cast(lanes_u32, x) < T.Broadcast(T.Cast("uint32", X), V),
+                        T.Cast(lanes_u32, y) < T.Broadcast(T.Cast("uint32", Y), V)),
+                        T.Cast(lanes_u32, tirx.Shuffle(parts, deal[2])) < T.Broadcast(T.Cast("uint32", Z), V)))
+                    none = T.meta_var(T.Broadcast(-1, V))
+                    out = T.meta_var([T.Select(kept, T.Broadcast(vb, V), none), T.Select(kept, y, none),
+                                      T.Select(kept, x, none)])
+                    rows[T.Ramp(at, 1, V)] = tirx.Shuffle(out, put[0])
+                    rows[T.Ramp(at + V, 1, V)] = tirx.Shuffle(out, put[1])
+                    rows[T.Ramp(at + 2 * V, 1, V)] = tirx.Shuffle(out, put[2])
+                for j in range(count // V * V, count):
+                    vn = T.Bind(vt * K + j)
+                    memo_row(memo, vb, vn, geom[vb, vn, 0], geom[vb, vn, 1], geom[vb, vn, 2], X, Y, Z)
     return pos_memo
 
 
@@ -294,11 +323,11 @@ def cuda_computes(dtype: str, V: int) -> dict:
     return {"pos_memo": _pos_memo_cuda(), "pool": _pool_warp(dtype, V)}
 
 
-def cpu_computes(dtype: str, V: int, memo_chunk: int) -> dict:
-    """{kernel name: PrimFunc} of the CPU plans for one dtype, channel vector V and
-    pos_memo's points per task: the pools (first touch or not) with their fixed-channel
-    copies (fixed_channels), pos_memo, and the sort plan's two kernels."""
-    shared = {"pos_memo": _pos_memo_tasks(memo_chunk), "sort_points": _sort_points(),
+def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int) -> dict:
+    """{kernel name: PrimFunc} of the CPU plans for one dtype, channel vector V, pos_memo's
+    points per task and the target's 32-bit lanes: the pools (first touch or not) with their
+    fixed-channel copies (fixed_channels), pos_memo, and the sort plan's two kernels."""
+    shared = {"pos_memo": _pos_memo_tasks(memo_chunk, lanes), "sort_points": _sort_points(),
               "segment_sum": _segment_sum(dtype, V)}
     pools = {"pool": _pool_bands(dtype, V, first_touch=False), "pool_first_touch": _pool_bands(dtype, V, first_touch=True)}
     fixed = {}
