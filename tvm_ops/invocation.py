@@ -71,16 +71,15 @@ def _check_counted(op, problem: checks.Problem, counted: dict) -> None:
                                     f"the count of this input, got {given.shape[axis]}")
 
 
-def returned(op, tensors: dict):
-    """The outputs as the public function returns them: one tensor, or a tuple in spec order."""
-    values = [tensors[t.name] for t in op.spec.outputs]
-    return values[0] if len(values) == 1 else tuple(values)
-
-
 def _returned_names(op):
-    """What returned() reads: the one output's name, or the tuple of them in spec order."""
+    """What a call returns: the one output's name, or the tuple of them in spec order."""
     names = tuple(t.name for t in op.spec.outputs)
     return names[0] if len(names) == 1 else names
+
+
+def _returned(outputs: dict, names):
+    """The outputs as the public function returns them: one tensor, or a tuple in spec order."""
+    return outputs[names] if type(names) is str else tuple(map(outputs.__getitem__, names))
 
 
 class CallPlan:
@@ -120,7 +119,7 @@ class CallPlan:
         if problem.empty:
             for name in problem.outs:
                 interop.zero(outputs[name])
-            return returned(op, outputs)
+            return _returned(outputs, self.returned_names)
         tensors = {**inputs, **outputs}
         for name in self.copied:
             tensors[name] = interop.make_contiguous(inputs[name])
@@ -137,8 +136,7 @@ class CallPlan:
                 outputs[name] = tensors[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype,
                                                                         zero=False)
         op.launch(self.kernels, problem, tensors)
-        names = self.returned_names  # returned(), its names found once per plan
-        return outputs[names] if type(names) is str else tuple(map(outputs.__getitem__, names))
+        return _returned(outputs, self.returned_names)
 
     def _workspaces(self) -> dict:
         """{name: workspace}: views of a new block, or of this thread's block of the previous
