@@ -75,7 +75,7 @@ from tvm.script import tirx as T
 from .. import fixed_channels
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import point, scratch_scope, vectors
-from ..prefetch import LINE_WORDS, prefetch_words
+from ..prefetch import prefetch_words
 
 RADIX_BITS = 14
 RADIX = 1 << RADIX_BITS
@@ -786,13 +786,44 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
             "segment_starts": segment_starts}
 
 
-def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: str):
-    """voxel_feats[v, c] over voxel v's points in point order; `lanes` channels per vector
-    (1: one channel at a time: C below the vector width, and CUDA); `ahead`: the prefetch
-    distance; `kind`: the target's (llvm, cuda)."""
+def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: str, parts: int = 1,
+                   with_rows: bool = False):
+    """voxel_feats[v, c] over voxel v's points in point order; `parts` x `lanes` channels per
+    vector (lanes 1: one channel at a time: C below the vector width, and CUDA); `ahead`: the
+    prefetch distance; `kind`: the target's (llvm, cuda). `with_rows` (the CPU's copies with C
+    fixed at a voxel encoder's channels, parts x lanes = C: one walk of a voxel's points with
+    its whole row in registers): a block per voxel that also writes voxel_rows' outputs (the
+    voxel's first point's coordinates, its point count), a parallel loop fewer."""
     scratch = scratch_scope(kind)
     f32 = "float32"
-    ahead_lines = max(1, lanes // LINE_WORDS)  # the cache lines of one channel vector
+    width = parts * lanes  # channels per vector
+
+    @T.macro
+    def reduce_vector(feats, order, start, voxel_feats, vv, vo, C, P):
+        # channel vector vo of voxel vv's row, `parts` registers of `lanes` channels
+        acc = T.alloc_buffer((width,), f32, scope=scratch)
+        for part in T.unroll(parts):
+            for lane in T.vectorized(lanes):
+                acc[part * lanes + lane] = T.float32(float("-inf")) if reduce_type == "max" else T.float32(0)
+        for i in range(start[vv], start[vv + 1]):
+            n = T.Bind(order[i])
+            if ahead > 0:  # the row `ahead` sorted points on: no hardware prefetcher follows
+                later = T.Bind(order[T.min(i + ahead, P - 1)])
+                prefetch_words(lambda w: feats[later, point(C, width, vo, w)], width, 0)
+            for part in T.unroll(parts):
+                for lane in T.vectorized(lanes):
+                    x = T.meta_var(T.Cast(f32, feats[n, point(C, width, vo, part * lanes + lane)]))
+                    if reduce_type == "max":
+                        acc[part * lanes + lane] = T.Select(x > acc[part * lanes + lane], x, acc[part * lanes + lane])
+                    else:
+                        acc[part * lanes + lane] = acc[part * lanes + lane] + x
+        for part in T.unroll(parts):
+            for lane in T.vectorized(lanes):
+                if reduce_type == "mean":
+                    voxel_feats[vv, point(C, width, vo, part * lanes + lane)] = T.Cast(
+                        dtype, acc[part * lanes + lane] / T.Cast(f32, start[vv + 1] - start[vv]))
+                else:
+                    voxel_feats[vv, point(C, width, vo, part * lanes + lane)] = T.Cast(dtype, acc[part * lanes + lane])
 
     @T.prim_func(s_tir=True)
     def reduce(feats_h: T.handle, order_h: T.handle, start_h: T.handle, voxel_feats_h: T.handle):
@@ -802,46 +833,12 @@ def reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int, kind: s
         order = T.match_buffer(order_h, (P,), "int32")
         start = T.match_buffer(start_h, (S,), "int32")
         voxel_feats = T.match_buffer(voxel_feats_h, (M, C), dtype)
-        for v, o in T.grid(M, vectors(C, lanes)):
+        for v, o in T.grid(M, vectors(C, width)):
             with T.sblock("reduce"):
                 vv, vo = T.axis.remap("SS", [v, o])
                 T.reads(feats[0:N, 0:C], order[0:P], start[vv:vv + 2])
                 T.writes(voxel_feats[vv, 0:C])
-                acc = T.alloc_buffer((lanes,), f32, scope=scratch)
-                for lane in T.vectorized(lanes):
-                    acc[lane] = T.float32(float("-inf")) if reduce_type == "max" else T.float32(0)
-                for i in range(start[vv], start[vv + 1]):
-                    n = T.Bind(order[i])
-                    if ahead > 0:  # the row `ahead` sorted points on: no hardware prefetcher follows
-                        for line in range(ahead_lines):
-                            T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
-                                feats[order[T.min(i + ahead, P - 1)], point(C, lanes, vo, line * LINE_WORDS)]),
-                                0, 3, 1))
-                    for lane in T.vectorized(lanes):
-                        x = T.meta_var(T.Cast(f32, feats[n, point(C, lanes, vo, lane)]))
-                        if reduce_type == "max":
-                            acc[lane] = T.Select(x > acc[lane], x, acc[lane])
-                        else:
-                            acc[lane] = acc[lane] + x
-                for lane in T.vectorized(lanes):
-                    if reduce_type == "mean":
-                        voxel_feats[vv, point(C, lanes, vo, lane)] = T.Cast(
-                            dtype, acc[lane] / T.Cast(f32, start[vv + 1] - start[vv]))
-                    else:
-                        voxel_feats[vv, point(C, lanes, vo, lane)] = T.Cast(dtype, acc[lane])
-
-    return reduce
-
-
-def row_reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int):
-    """The CPU's reduce over whole rows, for copies with C fixed (fixed_channels): a task per
-    voxel walks its points once, each point's row added into C / lanes vector registers and
-    the row `ahead` sorted points on prefetched, where the channel-vector reduce walks the
-    points once per vector; it also writes what voxel_rows does (the voxel's first point's
-    coordinates, its point count): a parallel loop fewer. The same float32 sums in the same
-    order, so the same bits."""
-    f32 = "float32"
-    scratch = scratch_scope("llvm")
+                reduce_vector(feats, order, start, voxel_feats, vv, vo, C, P)
 
     @T.prim_func(s_tir=True)
     def reduce_rows(feats_h: T.handle, coors_h: T.handle, order_h: T.handle, start_h: T.handle,
@@ -864,35 +861,9 @@ def row_reduce_compute(dtype: str, reduce_type: str, lanes: int, ahead: int):
                 for d in range(D):
                     voxel_coors[vv, d] = coors[first, d]
                 counts[vv] = start[vv + 1] - start[vv]
-                acc = T.alloc_buffer((C,), f32, scope=scratch)  # C a constant in the copies: registers
-                for part in T.unroll(C // lanes):
-                    for lane in T.vectorized(lanes):
-                        acc[part * lanes + lane] = T.float32(float("-inf")) if reduce_type == "max" else T.float32(0)
-                for i in range(start[vv], start[vv + 1]):
-                    n = T.Bind(order[i])
-                    if ahead > 0:  # the row `ahead` sorted points on: no hardware prefetcher follows
-                        later = T.Bind(order[T.min(i + ahead, P - 1)])
-                        prefetch_words(lambda w: feats[later, w], C, 0)
-                    for part in T.unroll(C // lanes):
-                        for lane in T.vectorized(lanes):
-                            x = T.meta_var(T.Cast(f32, feats[n, part * lanes + lane]))
-                            if reduce_type == "max":
-                                acc[part * lanes + lane] = T.Select(x > acc[part * lanes + lane], x,
-                                                                    acc[part * lanes + lane])
-                            else:
-                                acc[part * lanes + lane] = acc[part * lanes + lane] + x
-                for part in T.unroll(C // lanes):
-                    for lane in T.vectorized(lanes):
-                        if reduce_type == "mean":
-                            voxel_feats[vv, part * lanes + lane] = T.Cast(
-                                dtype, acc[part * lanes + lane] / T.Cast(f32, start[vv + 1] - start[vv]))
-                        else:
-                            voxel_feats[vv, part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
+                reduce_vector(feats, order, start, voxel_feats, vv, 0, C, P)
 
-    if any(channels % lanes for channels in VOXEL_ENCODER_CHANNELS):
-        raise ValueError(f"reduce_rows: the fixed channel counts {VOXEL_ENCODER_CHANNELS} must be whole vectors of "
-                         f"{lanes} lanes")
-    return reduce_rows
+    return reduce_rows if with_rows else reduce
 
 
 def fill_computes(dtype: str, widths: tuple, ahead: int, kind: str) -> dict:
@@ -941,8 +912,12 @@ def fill_computes(dtype: str, widths: tuple, ahead: int, kind: str) -> dict:
     for reduce_type in REDUCE_TYPES:
         for suffix, lanes in zip(REDUCE_WIDTHS, widths):
             kernels[f"reduce_{reduce_type}{suffix}"] = reduce_compute(dtype, reduce_type, lanes, ahead, kind)
-        if kind == "llvm":  # whole rows at a voxel encoder's channels
-            rows = row_reduce_compute(dtype, reduce_type, widths[1], ahead)
-            kernels |= fixed_channels.copies(f"reduce_{reduce_type}_rows", rows, {0: (("N", "C"), dtype)},
-                                             VOXEL_ENCODER_CHANNELS)
+        if kind == "llvm":  # whole rows at a voxel encoder's channels: the vector is the row
+            for channels in VOXEL_ENCODER_CHANNELS:
+                if channels % widths[1]:  # the block's one vector must be the whole row
+                    raise ValueError(f"reduce_rows: {channels} channels are not whole vectors of {widths[1]} lanes")
+                rows = reduce_compute(dtype, reduce_type, widths[1], ahead, kind, channels // widths[1],
+                                      with_rows=True)
+                kernels |= fixed_channels.copies(f"reduce_{reduce_type}_rows", rows, {0: (("N", "C"), dtype)},
+                                                 (channels,))
     return kernels
