@@ -153,6 +153,7 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                 x_hi = T.alloc_buffer((V // 2, V), acc_t)
                 y_lo = T.alloc_buffer((V // 2, V), acc_t)
                 y_hi = T.alloc_buffer((V // 2, V), acc_t)
+                point = T.alloc_buffer((vectors, V), acc_t)
                 blocks = T.Bind(T.ceildiv(M, m_tile))
                 b = T.Bind(vt // (T.ceildiv(C, c_tile) * blocks))
                 c0 = T.Bind(vt // blocks % T.ceildiv(C, c_tile) * c_tile)
@@ -169,13 +170,18 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                                 square[g, i, j] = T.Cast(acc_t, grad_output[b, T.min(c0 + g * V + i, C - 1), nb * V + j])
                         transpose(square, (g, 0, 0), square, (g, 0, 0), x_lo, x_hi, y_lo, y_hi)
                     for ni in range(V):
+                        # the point's channel vectors in a stack array (registers): read from
+                        # the square, LLVM reloaded them after every acc store (may alias)
+                        for g in T.unroll(vectors):
+                            for j in T.vectorized(V):
+                                point[g, j] = square[g, ni, j]
                         for k in T.unroll(3):
                             # one unsigned comparison: 0 <= index - m0 < rows
                             row = T.meta_var(indices[b, nb * V + ni, k] - m0)
                             if T.Cast("uint32", row) < T.Cast("uint32", rows):
                                 for g in T.unroll(vectors):
                                     for j in T.vectorized(V):
-                                        acc[row, g * V + j] = acc[row, g * V + j] + square[g, ni, j] * T.Cast(
+                                        acc[row, g * V + j] = acc[row, g * V + j] + point[g, j] * T.Cast(
                                             acc_t, weights[b, nb * V + ni, k])
                 for n in range(N // V * V, N):
                     for k in T.unroll(3):
@@ -186,17 +192,22 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                                     acc[row, g * V + j] = acc[row, g * V + j] + T.Cast(
                                         acc_t, grad_output[b, T.min(c0 + g * V + j, C - 1), n]) * T.Cast(
                                         acc_t, weights[b, n, k])
-                # acc back to [C, M] in transposed squares; only the rows of channels below C
+                # acc back to [C, M] in transposed squares: a whole vector of channels straight
+                # from acc to grad_features, the last one through the square, its rows past C dropped
                 for g in range(vectors):
                     for mb in range(rows // V):
-                        for i in T.unroll(V):
-                            for j in T.vectorized(V):
-                                square[g, i, j] = acc[mb * V + i, g * V + j]
-                        transpose(square, (g, 0, 0), square, (g, 0, 0), x_lo, x_hi, y_lo, y_hi)
-                        for i in T.unroll(V):
-                            if c0 + g * V + i < C:
+                        if c0 + g * V + V <= C:
+                            transpose(acc, (mb * V, g * V), grad_features, (b, c0 + g * V, m0 + mb * V),
+                                      x_lo, x_hi, y_lo, y_hi)
+                        else:
+                            for i in T.unroll(V):
                                 for j in T.vectorized(V):
-                                    grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
+                                    square[g, i, j] = acc[mb * V + i, g * V + j]
+                            transpose(square, (g, 0, 0), square, (g, 0, 0), x_lo, x_hi, y_lo, y_hi)
+                            for i in T.unroll(V):
+                                if c0 + g * V + i < C:
+                                    for j in T.vectorized(V):
+                                        grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
                 for m, c in T.grid(rows % V, c_tile):
                     if c0 + c < C:
                         grad_features[b, c0 + c, m0 + rows // V * V + m] = T.Cast(dtype, acc[rows // V * V + m, c])
