@@ -211,6 +211,22 @@ def test_torch_tensors_take_the_same_path():
 
 
 @requires_torch
+def test_a_tensor_subclass_defined_anywhere_is_a_torch_tensor():
+    import torch
+
+    class Tagged(torch.Tensor):  # defined outside torch's modules
+        pass
+
+    op = get("three_interpolate_forward")
+    inputs, params = generated(op, first_ok(op))
+    expected = op.call(inputs, params, "llvm", {})
+    tensors = {k: torch.from_numpy(v).as_subclass(Tagged) for k, v in inputs.items()}
+    out = op.call(tensors, params, "llvm", {})
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+@requires_torch
 def test_a_torch_call_on_the_cpu_has_tvms_workers_sleep_between_kernels(monkeypatch):
     """torch callers' kernels take turns with torch's own parallel ops: TVM's workers must not
     spin between kernels there (targets.sleep_workers_between_kernels); numpy callers keep

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -46,7 +47,9 @@ class TensorInfo:
 
 
 def _is_torch(value) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "is_contiguous")
+    # a subclass too, wherever it is defined; a torch tensor exists only once torch is imported
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def lazy_values(tensor) -> bool:
