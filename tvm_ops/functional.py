@@ -4,9 +4,10 @@ the networks already call (mmcv, BEVDepth), so switching is one import.
 Each function is a `torch.library.custom_op` (namespace `tvm_ops`) with a fake
 implementation (shapes only, for torch.compile and meta tensors) and its backward registered
 with `register_autograd`, so `torch.compile(fullgraph=True)` traces through it without a
-graph break and `torch.library.opcheck` passes. Tensors run where they live: CPU tensors on
-the LLVM kernels, CUDA tensors on the CUDA kernels. Under `torch.no_grad()` only the forward
-runs. Reverse mode only: a tangent reaching a differentiable input (torch.func.jvp, jacfwd,
+graph break and `torch.library.opcheck` passes; a plain eager call skips the dispatcher and
+runs the same implementation and formula directly (custom_ops.py). Tensors run where they
+live: CPU tensors on the LLVM kernels, CUDA tensors on the CUDA kernels. Under
+`torch.no_grad()` only the forward runs. Reverse mode only: a tangent reaching a differentiable input (torch.func.jvp, jacfwd,
 forward_ad) raises NotSupportedError instead of the zero a custom op would give. Meta tensors
 run the fake implementations: all of a call's tensors on meta, or a BadParamError. Importing
 this module needs torch and nothing else; TVM loads on the first call.
@@ -23,6 +24,7 @@ from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.autograd import forward_ad
 
 from . import checks, interop
+from .custom_ops import custom_op
 from .errors import BadParamError, NotSupportedError
 
 __all__ = ["BorderAlign", "DynamicScatter", "MultiScaleDeformableAttnFunction", "border_align", "dynamic_scatter",
@@ -38,7 +40,7 @@ def _target(tensor: Tensor) -> str:
 def _kernel_input(tensor: Tensor) -> Tensor:
     # the kernels read tensors through DLPack, which exports no tensor that requires grad;
     # autograd is this module's job, so the kernels get plain views
-    return tensor.detach()
+    return tensor.detach() if tensor.requires_grad else tensor
 
 
 def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn", negative_dropped: bool = False) -> Tensor:
@@ -48,7 +50,7 @@ def _int32(tensor: Tensor, name: str, function: str = "ms_deform_attn", negative
     call for CPU tensors and once per tensor and version for CUDA ones (the converted tensor is
     kept with them, so the kernels' own value checks find it again: no per-call
     synchronisation)."""
-    tensor = tensor.detach()
+    tensor = _kernel_input(tensor)
     if tensor.dtype != torch.int64:
         return tensor  # int32 as it is; other dtypes: the operator's checks name them
     if tensor.device.type == "cpu":
@@ -94,7 +96,7 @@ def _reverse_mode_only(function: str, *differentiable) -> None:
 # --- multi-scale deformable attention -------------------------------------------------------
 
 
-@torch.library.custom_op("tvm_ops::ms_deform_attn_forward", mutates_args=())
+@custom_op("tvm_ops::ms_deform_attn_forward")
 def _msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
                   attention_weights: Tensor, im2col_step: int) -> Tensor:
     from .ops.ms_deform_attn_forward import ms_deform_attn_forward
@@ -113,7 +115,7 @@ def _msda_forward_shape(value, spatial_shapes, level_start_index, sampling_locat
     return value.new_empty((batch, sampling_locations.shape[1], heads, channels))
 
 
-@torch.library.custom_op("tvm_ops::ms_deform_attn_backward", mutates_args=())
+@custom_op("tvm_ops::ms_deform_attn_backward")
 def _msda_backward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
                    attention_weights: Tensor, grad_output: Tensor, im2col_step: int) -> tuple[Tensor, Tensor, Tensor]:
     from .ops.ms_deform_attn_backward import ms_deform_attn_backward
@@ -177,7 +179,7 @@ class MultiScaleDeformableAttnFunction:
 # (torch differentiates the permutes), so torch.compile sees the layout changes too.
 
 
-@torch.library.custom_op("tvm_ops::border_align_forward", mutates_args=())
+@custom_op("tvm_ops::border_align_forward")
 def _border_forward(input: Tensor, boxes: Tensor, pool_size: int) -> tuple[Tensor, Tensor]:
     from .ops.border_align_forward import border_align_forward
 
@@ -192,7 +194,7 @@ def _border_forward_shape(input, boxes, pool_size):
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
 
 
-@torch.library.custom_op("tvm_ops::border_align_backward", mutates_args=())
+@custom_op("tvm_ops::border_align_backward")
 def _border_backward(grad_output: Tensor, boxes: Tensor, argmax_idx: Tensor, pool_size: int, height: int,
                      width: int) -> Tensor:
     from .ops.border_align_backward import border_align_backward
@@ -260,12 +262,12 @@ class BorderAlign(torch.nn.Module):
 # --- BEV voxel pooling (BEVDepth) -----------------------------------------------------------
 
 
-@torch.library.custom_op("tvm_ops::voxel_pooling_forward", mutates_args=())
+@custom_op("tvm_ops::voxel_pooling_forward")
 def _voxel_forward(geom_xyz: Tensor, input_features: Tensor, num_voxel_x: int, num_voxel_y: int,
                    num_voxel_z: int) -> tuple[Tensor, Tensor]:
     from .ops.voxel_pooling_forward import voxel_pooling_forward
 
-    return voxel_pooling_forward(geom_xyz.detach(), _kernel_input(input_features), num_voxel_x, num_voxel_y,
+    return voxel_pooling_forward(_kernel_input(geom_xyz), _kernel_input(input_features), num_voxel_x, num_voxel_y,
                                  num_voxel_z, target=_target(input_features))
 
 
@@ -277,11 +279,11 @@ def _voxel_forward_shape(geom_xyz, input_features, num_voxel_x, num_voxel_y, num
             geom_xyz.new_empty((batch, points, 3)))
 
 
-@torch.library.custom_op("tvm_ops::voxel_pooling_backward", mutates_args=())
+@custom_op("tvm_ops::voxel_pooling_backward")
 def _voxel_backward(grad_output: Tensor, pos_memo: Tensor) -> Tensor:
     from .ops.voxel_pooling_backward import voxel_pooling_backward
 
-    return voxel_pooling_backward(_kernel_input(grad_output), pos_memo.detach(), target=_target(grad_output))
+    return voxel_pooling_backward(_kernel_input(grad_output), _kernel_input(pos_memo), target=_target(grad_output))
 
 
 @_voxel_backward.register_fake
@@ -368,7 +370,7 @@ def _three_ints(values: np.ndarray) -> tuple[int, int, int]:
 # --- three_nn / three_interpolate (PointNet++ feature propagation) ---------------------------
 
 
-@torch.library.custom_op("tvm_ops::three_nn", mutates_args=())
+@custom_op("tvm_ops::three_nn")
 def _three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
     from .ops.three_nn import three_nn
 
@@ -404,7 +406,7 @@ def three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
     return dist2.sqrt(), idx
 
 
-@torch.library.custom_op("tvm_ops::three_interpolate_forward", mutates_args=())
+@custom_op("tvm_ops::three_interpolate_forward")
 def _three_interpolate_forward(features: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
     from .ops.three_interpolate_forward import three_interpolate_forward
 
@@ -418,7 +420,7 @@ def _three_interpolate_forward_shape(features, indices, weight):
     return features.new_empty((features.shape[0], features.shape[1], indices.shape[1]))
 
 
-@torch.library.custom_op("tvm_ops::three_interpolate_backward", mutates_args=())
+@custom_op("tvm_ops::three_interpolate_backward")
 def _three_interpolate_backward(grad_output: Tensor, indices: Tensor, weight: Tensor, m: int) -> Tensor:
     from .ops.three_interpolate_backward import three_interpolate_backward
 
@@ -460,7 +462,7 @@ def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tens
 # --- dynamic scatter (MVXNet's dynamic voxel feature encoder) --------------------------------
 
 
-@torch.library.custom_op("tvm_ops::dynamic_scatter_forward", mutates_args=())
+@custom_op("tvm_ops::dynamic_scatter_forward")
 def _scatter_forward(feats: Tensor, coors: Tensor, reduce_type: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from .ops.dynamic_scatter_forward import dynamic_scatter_forward
 
@@ -480,13 +482,13 @@ def _scatter_forward_shape(feats, coors, reduce_type):
             coors.new_empty((coors.shape[0],), dtype=int32), coors.new_empty((voxels,), dtype=int32))
 
 
-@torch.library.custom_op("tvm_ops::dynamic_scatter_backward", mutates_args=())
+@custom_op("tvm_ops::dynamic_scatter_backward")
 def _scatter_backward(grad_voxel_feats: Tensor, feats: Tensor, voxel_feats: Tensor, point2voxel_map: Tensor,
                       voxel_points_count: Tensor, reduce_type: str) -> Tensor:
     from .ops.dynamic_scatter_backward import dynamic_scatter_backward
 
     return dynamic_scatter_backward(_kernel_input(grad_voxel_feats), _kernel_input(feats), _kernel_input(voxel_feats),
-                                    point2voxel_map.detach(), voxel_points_count.detach(), None, reduce_type,
+                                    _kernel_input(point2voxel_map), _kernel_input(voxel_points_count), None, reduce_type,
                                     target=_target(feats))
 
 

@@ -1,0 +1,158 @@
+"""The torch functions' plain eager path (tvm_ops/custom_ops.py): a plain call runs the
+implementation without the dispatcher and gives the custom op's outputs and gradients, bit
+for bit; every other call (modes, the profiler, meta tensors, subclasses) takes the custom op."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.overrides import TorchFunctionMode  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+import tvm_ops.functional as tf  # noqa: E402
+from tvm_ops import custom_ops  # noqa: E402
+
+from .conftest import torch_devices  # noqa: E402
+
+
+class Untouched(TorchFunctionMode):
+    """A function mode that changes nothing: calls under it take the custom op."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def three_interpolate_call(g, device):
+    features = torch.randn(2, 5, 7, generator=g).to(device).requires_grad_()
+    indices = torch.randint(-1, 8, (2, 4, 3), generator=g, dtype=torch.int32).to(device)
+    weight = torch.rand(2, 4, 3, generator=g).to(device)
+    return lambda: (tf.three_interpolate(features, indices, weight),), (features,)
+
+
+def three_nn_call(g, device):
+    unknown, known = (torch.randint(-64, 65, (2, n, 3), generator=g).float().div(32).to(device) for n in (6, 5))
+    return lambda: tf.three_nn(unknown, known), ()
+
+
+def ms_deform_attn_call(g, device):
+    shapes, starts = torch.tensor([[3, 4], [2, 2]], device=device), torch.tensor([0, 12], device=device)
+    value = torch.randn(1, 16, 2, 3, generator=g).to(device).requires_grad_()
+    locations = (torch.rand(1, 2, 2, 2, 2, 2, generator=g) * 1.2 - 0.1).to(device).requires_grad_()
+    weights = torch.rand(1, 2, 2, 2, 2, generator=g).to(device).requires_grad_()
+    return lambda: (tf.ms_deform_attn(value, shapes, starts, locations, weights),), (value, locations, weights)
+
+
+def border_align_call(g, device):
+    features = torch.randn(1, 8, 3, 4, generator=g).to(device).requires_grad_()
+    centre = torch.rand(1, 12, 2, generator=g) * 3
+    boxes = torch.cat([centre, centre + torch.rand(1, 12, 2, generator=g) * 2 + 0.5], -1).to(device)
+    return lambda: (tf.border_align(features, boxes, 2),), (features,)
+
+
+def voxel_pooling_call(g, device):
+    geom = torch.stack([torch.randint(-1, 5, (1, 10), generator=g), torch.randint(-1, 4, (1, 10), generator=g),
+                        torch.randint(0, 2, (1, 10), generator=g)], -1).int().to(device)
+    features = torch.randn(1, 10, 5, generator=g).to(device).requires_grad_()
+    return lambda: (tf.voxel_pooling(geom, features, (4, 3, 1)),), (features,)
+
+
+def dynamic_scatter_call(reduce_type):
+    def call(g, device):
+        feats = torch.randn(12, 4, generator=g).to(device).requires_grad_()
+        coors = torch.randint(-1, 3, (12, 3), generator=g, dtype=torch.int32).to(device)
+        return lambda: tf.dynamic_scatter(feats, coors, reduce_type), (feats,)
+
+    return call
+
+
+CALLS = {"three_interpolate": three_interpolate_call, "three_nn": three_nn_call, "ms_deform_attn": ms_deform_attn_call,
+         "border_align": border_align_call, "voxel_pooling": voxel_pooling_call,
+         **{f"dynamic_scatter_{r}": dynamic_scatter_call(r) for r in ("max", "sum", "mean")}}
+
+
+def outputs_and_gradients(call, differentiable):
+    outputs = call()
+    floating = [out for out in outputs if out.is_floating_point() and out.requires_grad]
+    grads = []
+    if floating:
+        loss = sum((out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum() for out in floating)
+        grads = torch.autograd.grad(loss, differentiable)
+    return [out.detach() for out in outputs], list(grads)
+
+
+def count_custom_op_calls(monkeypatch) -> list:
+    """Every CustomOp's custom op wrapped: the names of those that ran, in order."""
+    ran = []
+    for value in vars(tf).values():
+        if isinstance(value, custom_ops.CustomOp):
+            op = value.op
+            monkeypatch.setattr(value, "op", lambda *args, op=op, name=value.name: ran.append(name) or op(*args))
+    return ran
+
+
+@pytest.mark.parametrize("device", torch_devices())
+@pytest.mark.parametrize("name", CALLS)
+def test_a_plain_call_skips_the_custom_op_and_gives_its_outputs_and_gradients(name, device, monkeypatch):
+    ran = count_custom_op_calls(monkeypatch)
+    call, differentiable = CALLS[name](torch.Generator().manual_seed(5), device)
+    plain = outputs_and_gradients(call, differentiable)
+    assert ran == []  # forward and backward ran their implementations directly
+    with Untouched():
+        through_op = outputs_and_gradients(call, differentiable)
+    assert ran and all(op.startswith("tvm_ops::") for op in ran)
+    for mine, theirs in zip(plain[0] + plain[1], through_op[0] + through_op[1], strict=True):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+    assert len(plain[1]) == len(differentiable)
+
+
+def test_no_grad_and_inputs_without_grad_take_the_implementation(monkeypatch):
+    ran = count_custom_op_calls(monkeypatch)
+    call, (features,) = three_interpolate_call(torch.Generator().manual_seed(1), "cpu")
+    with torch.no_grad():
+        (out,) = call()
+    features.requires_grad_(False)
+    (again,) = call()
+    assert ran == [] and not out.requires_grad and not again.requires_grad and torch.equal(out, again)
+
+
+def test_outputs_of_a_non_differentiable_op_never_require_grad(monkeypatch):
+    ran = count_custom_op_calls(monkeypatch)
+    unknown = torch.rand(1, 4, 3, requires_grad=True)
+    dist, idx = tf.three_nn(unknown, torch.rand(1, 5, 3))
+    assert ran == [] and not dist.requires_grad and not idx.requires_grad
+
+
+@pytest.mark.parametrize("context", ["function mode", "torch.device", "dispatch mode", "profiler"])
+def test_modes_and_the_profiler_see_the_custom_op(context, monkeypatch):
+    ran = count_custom_op_calls(monkeypatch)
+    call, _ = three_interpolate_call(torch.Generator().manual_seed(2), "cpu")
+    with torch.profiler.profile() if context == "profiler" else (
+            Untouched() if context == "function mode" else
+            torch.device("cpu") if context == "torch.device" else FlopCounterMode(display=False)) as session:
+        (out,) = call()
+    assert ran == ["tvm_ops::three_interpolate_forward"] and out.shape == (2, 5, 4)
+    if context == "profiler":
+        assert "tvm_ops::three_interpolate_forward" in {event.name for event in session.events()}
+
+
+def test_meta_tensors_and_tensor_subclasses_take_the_custom_op(monkeypatch):
+    ran = count_custom_op_calls(monkeypatch)
+    out = tf.three_interpolate(torch.empty(2, 5, 7, device="meta"), torch.empty(2, 4, 3, dtype=torch.int32,
+                                                                                device="meta"),
+                               torch.empty(2, 4, 3, device="meta"))
+    assert out.device.type == "meta" and out.shape == (2, 5, 4)
+
+    class Tagged(torch.Tensor):
+        pass
+
+    call, _ = three_interpolate_call(torch.Generator().manual_seed(3), "cpu")
+    (plain,) = call()
+    features = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(3)).as_subclass(Tagged)
+    tagged = tf.three_interpolate(features, torch.zeros(2, 4, 3, dtype=torch.int32), torch.ones(2, 4, 3))
+    assert ran == ["tvm_ops::three_interpolate_forward"] * 2 and isinstance(tagged, torch.Tensor)
+    assert plain.shape == tagged.shape
+
+
+def test_a_torch_without_a_probe_sends_every_call_to_the_custom_op():
+    assert custom_ops._torch_probe("_no_such_probe_in_torch")() is True
+    assert custom_ops._torch_probe("_autograd._profiler_enabled") is torch._C._autograd._profiler_enabled
