@@ -150,7 +150,8 @@ def kernel(model, pattern: AccessPattern, ahead: int, streamed: bool = False):
     """The pattern's kernel (built once per process per row width, `ahead`, kind, dtype and
     `streamed`): groups over the cores, each group's rows walked `vector` elements at a
     time (a vectorised lane loop), float32 sums, each entry prefetching the row `ahead`
-    entries on (as an optimised gather does: a roofline must be the pattern's best);
+    entries on (as an optimised gather does: a roofline must be the pattern's best), in the
+    table (read) and in the scattered output (for writing) as the pattern has them;
     `streamed` (only where streamable): the gather's output rows stored past the caches,
     tasks of STREAMED_TASK_GROUPS groups each ending with a fence. The row width is a
     constant of the kernel, as it is of the operators' kernels built for their network
@@ -204,10 +205,12 @@ def kernel(model, pattern: AccessPattern, ahead: int, streamed: bool = False):
                             acc[part * lanes + lane] = T.float32(0)
                     for e in range(offsets[g], offsets[g + 1]):
                         row = T.Bind(index[e])
-                        if ahead > 0:
+                        if ahead > 0:  # the rows read, for reading; the rows added to, for writing
                             later = T.Bind(index[T.min(e + ahead, E - 1)])
-                            prefetch_words(lambda i: (table if gather else updated)[later, step * vector + i],
-                                           vector, 1 if scatter else 0)
+                            if gather:
+                                prefetch_words(lambda i: table[later, step * vector + i], vector, 0)
+                            if scatter:
+                                prefetch_words(lambda i: updated[later, step * vector + i], vector, 1)
                         for part in T.unroll(parts):
                             for lane in T.vectorized(lanes):
                                 at = T.meta_var(step * vector + part * lanes + lane)
