@@ -3,8 +3,8 @@
 Each torch function is a `torch.library.custom_op`, so that torch.compile, fake and meta
 tensors, torch.func and vmap, dispatch and function modes, jit tracing and the profiler see
 one op, with its fake implementation and its autograd formula. A plain eager call pays for
-that machinery: the dispatcher's round trip and the custom op's autograd wrapper cost ~10 us
-of a forward and ~30 us of a training step on the CPU, more than a small case's kernels
+that machinery: the dispatcher's round trips and the custom op's autograd wrapper cost ~5-8
+us of a forward and ~25 us of a training step on the CPU, more than a small case's kernels
 (docs/performance.md). So `custom_op` registers the op as before and returns a `CustomOp`
 that runs a plain call -- every tensor a plain strided tensor (an nn.Parameter too) on the
 CPU or a GPU, made outside all of the above -- straight to the op's implementation: through
