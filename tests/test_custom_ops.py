@@ -156,3 +156,32 @@ def test_meta_tensors_and_tensor_subclasses_take_the_custom_op(monkeypatch):
 def test_a_torch_without_a_probe_sends_every_call_to_the_custom_op():
     assert custom_ops._torch_probe("_no_such_probe_in_torch")() is True
     assert custom_ops._torch_probe("_autograd._profiler_enabled") is torch._C._autograd._profiler_enabled
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_gives_the_same_gradients(reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    def step(use_checkpoint):
+        call, leaves = ms_deform_attn_call(torch.Generator().manual_seed(6), "cpu")
+        run = lambda *_: call()[0].tanh().sum()  # noqa: E731
+        out = checkpoint(run, *leaves, use_reentrant=reentrant) if use_checkpoint else run()
+        out.backward()
+        return [leaf.grad for leaf in leaves]
+
+    for plain, checkpointed in zip(step(False), step(True), strict=True):
+        assert torch.equal(plain, checkpointed)
+
+
+def test_a_second_derivative_is_refused_as_the_custom_op_refuses_it(monkeypatch):
+    # the backward ops have no formula: create_graph reaches the backward's custom op either way
+    messages = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(custom_ops, "plain_context", lambda: False)
+        call, (features,) = three_interpolate_call(torch.Generator().manual_seed(7), "cpu")
+        (grad,) = torch.autograd.grad(call()[0].square().sum(), features, create_graph=True)
+        with pytest.raises(RuntimeError, match="no autograd formula") as refused:
+            grad.sum().backward()
+        messages.append(str(refused.value))
+    assert messages[0] == messages[1]
