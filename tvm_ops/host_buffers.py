@@ -55,7 +55,8 @@ MIN_BYTES = 32 << 20
 LINE_BYTES = 64
 # from this size on
 ALIGN_MIN_BYTES = 64 << 10
-_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64", "uint8")}
+# numpy dtypes by name: a lookup where np.dtype(name) parses (it runs per output of a call)
+DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int8", "int32", "int64", "uint8")}
 
 # re-entrant: _give_back is a finalizer and may run inside a garbage collection anywhere,
 # this module included (nothing under the lock creates an object that could start one)
@@ -88,9 +89,14 @@ def limit_bytes() -> int:
     return max(0, int(megabytes * (1 << 20)))
 
 
+def dtype_of(dtype) -> np.dtype:
+    """The numpy dtype of a name (or of a dtype)."""
+    return DTYPES.get(dtype) or np.dtype(dtype)
+
+
 def reused(shape: tuple, dtype) -> bool:
     """Whether empty() takes an array of this shape and dtype from the reused blocks."""
-    return _reuses(math.prod(shape) * np.dtype(dtype).itemsize)
+    return _reuses(math.prod(shape) * dtype_of(dtype).itemsize)
 
 
 def _reuses(nbytes: int) -> bool:
@@ -100,7 +106,7 @@ def _reuses(nbytes: int) -> bool:
 def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
     """An uninitialised C-contiguous array, starting on a cache line unless it is small (or
     always, with line_aligned), from a reused block when it is large."""
-    dtype = _DTYPES.get(dtype) or np.dtype(dtype)  # (runs per output of a call: a lookup, not a parse)
+    dtype = dtype_of(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < ALIGN_MIN_BYTES and nbytes < MIN_BYTES and not line_aligned:
         return np.empty(shape, dtype)
@@ -122,7 +128,7 @@ def empty(shape: tuple, dtype, line_aligned: bool = False) -> np.ndarray:
 def allocator(shape: tuple, dtype):
     """A no-argument callable returning empty(shape, dtype), its size tests made once (a call
     plan allocates its outputs of one shape and dtype on every call)."""
-    dtype = np.dtype(dtype)
+    dtype = dtype_of(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < min(ALIGN_MIN_BYTES, MIN_BYTES):
         return functools.partial(np.empty, shape, dtype)

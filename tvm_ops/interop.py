@@ -79,8 +79,7 @@ def _torch_dtype_name(dtype) -> str:
 
 
 # numpy's dtype.name is computed anew on every access (a few microseconds per call)
-_DTYPE_NAMES = {np.dtype(name): name for name in ("float16", "float32", "float64", "int32", "int64")}
-_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()} | {"int8": np.dtype("int8"), "uint8": np.dtype("uint8")}
+_DTYPE_NAMES = {dtype: name for name, dtype in host_buffers.DTYPES.items()}
 
 
 def describe(name: str, value) -> TensorInfo:
@@ -120,7 +119,7 @@ def make_contiguous(value):
     if not isinstance(value, np.ndarray):
         value = resolved(value)
         shape, dtype = tuple(value.shape), _torch_dtype_name(value.dtype)
-        if value.device.type == "cpu" and dtype in _DTYPES and host_buffers.reused(shape, dtype):
+        if value.device.type == "cpu" and dtype in host_buffers.DTYPES and host_buffers.reused(shape, dtype):
             # a large copy into a reused host block, as large outputs are (empty_like_kind): a
             # fresh one faults in every page (a training step's broadcast gradient of 268 MB:
             # ~65000 faults)
@@ -165,8 +164,8 @@ def allocator(kind: str, device: str, shape: tuple, dtype: str, zero: bool):
     numpy output of a call's size costs ~1 us this way against ~3)."""
     if kind == "numpy" and not zero:
         return host_buffers.allocator(tuple(shape), dtype)
-    small = math.prod(shape) * (_DTYPES.get(dtype) or np.dtype(dtype)).itemsize < host_buffers.MIN_BYTES
-    if kind == "torch" and (zero or device != "cpu" or small):
+    nbytes = math.prod(shape) * host_buffers.dtype_of(dtype).itemsize
+    if kind == "torch" and (zero or device != "cpu" or nbytes < host_buffers.MIN_BYTES):
         import torch  # never from a reused block: torch's allocator itself (~0.7 us less a call)
 
         make = torch.zeros if zero else torch.empty
@@ -181,7 +180,7 @@ def block_layout(specs: dict) -> tuple:
     not built (dynamic_scatter_forward's twelve workspaces 5.3 -> 2.5 us)."""
     parts, total, line = [], 0, host_buffers.LINE_BYTES
     for name, (shape, dtype) in specs.items():
-        dtype = _DTYPES.get(dtype) or np.dtype(dtype)
+        dtype = host_buffers.dtype_of(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         parts.append((name, total, nbytes, tuple(shape), dtype))
         total += -(-nbytes // line) * line
