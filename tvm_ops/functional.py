@@ -7,10 +7,11 @@ with `register_autograd`, so `torch.compile(fullgraph=True)` traces through it w
 graph break and `torch.library.opcheck` passes; a plain eager call skips the dispatcher and
 runs the same implementation and formula directly (custom_ops.py). Tensors run where they
 live: CPU tensors on the LLVM kernels, CUDA tensors on the CUDA kernels. Under
-`torch.no_grad()` only the forward runs. Reverse mode only: a tangent reaching a differentiable input (torch.func.jvp, jacfwd,
-forward_ad) raises NotSupportedError instead of the zero a custom op would give. Meta tensors
-run the fake implementations: all of a call's tensors on meta, or a BadParamError. Importing
-this module needs torch and nothing else; TVM loads on the first call.
+`torch.no_grad()` only the forward runs. Reverse mode only: a tangent reaching a
+differentiable input (torch.func.jvp, jacfwd, forward_ad) raises NotSupportedError instead
+of the zero a custom op would give. Meta tensors run the fake implementations: all of a
+call's tensors on meta, or a BadParamError. Importing this module needs torch and nothing
+else; TVM loads on the first call.
 """
 
 from __future__ import annotations
@@ -488,8 +489,8 @@ def _scatter_backward(grad_voxel_feats: Tensor, feats: Tensor, voxel_feats: Tens
     from .ops.dynamic_scatter_backward import dynamic_scatter_backward
 
     return dynamic_scatter_backward(_kernel_input(grad_voxel_feats), _kernel_input(feats), _kernel_input(voxel_feats),
-                                    _kernel_input(point2voxel_map), _kernel_input(voxel_points_count), None, reduce_type,
-                                    target=_target(feats))
+                                    _kernel_input(point2voxel_map), _kernel_input(voxel_points_count), None,
+                                    reduce_type, target=_target(feats))
 
 
 @_scatter_backward.register_fake

@@ -207,7 +207,8 @@ def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):
                             for i in T.unroll(V):
                                 if c0 + g * V + i < C:
                                     for j in T.vectorized(V):
-                                        grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(dtype, square[g, i, j])
+                                        grad_features[b, c0 + g * V + i, m0 + mb * V + j] = T.Cast(
+                                            dtype, square[g, i, j])
                 for m, c in T.grid(rows % V, c_tile):
                     if c0 + c < C:
                         grad_features[b, c0 + c, m0 + rows // V * V + m] = T.Cast(dtype, acc[rows // V * V + m, c])
