@@ -122,13 +122,15 @@ def test_outputs_of_a_non_differentiable_op_never_require_grad(monkeypatch):
     assert ran == [] and not dist.requires_grad and not idx.requires_grad
 
 
-@pytest.mark.parametrize("context", ["function mode", "torch.device", "dispatch mode", "profiler"])
+CONTEXTS = {"function mode": Untouched, "torch.device": lambda: torch.device("cpu"),
+            "dispatch mode": lambda: FlopCounterMode(display=False), "profiler": torch.profiler.profile}
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
 def test_modes_and_the_profiler_see_the_custom_op(context, monkeypatch):
     ran = count_custom_op_calls(monkeypatch)
     call, _ = three_interpolate_call(torch.Generator().manual_seed(2), "cpu")
-    with torch.profiler.profile() if context == "profiler" else (
-            Untouched() if context == "function mode" else
-            torch.device("cpu") if context == "torch.device" else FlopCounterMode(display=False)) as session:
+    with CONTEXTS[context]() as session:
         (out,) = call()
     assert ran == ["tvm_ops::three_interpolate_forward"] and out.shape == (2, 5, 4)
     if context == "profiler":
