@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, metrics, targets
+from tvm_ops import build, checks, metrics, targets
 from tvm_ops.ops import get
 from tvm_ops.ops import ms_deform_attn_backward as module
 from tvm_ops.testing import material
@@ -93,11 +93,22 @@ def test_inconsistent_level_start_index_never_leaves_the_tensors():
         check_against_reference(args, outs)
 
 
+@pytest.fixture
+def fresh_call_plans():
+    """The op's calls planned anew during the test and after it (a plan keeps the kernel
+    choices its checks made)."""
+    OP.clear_call_cache()
+    yield
+    OP.clear_call_cache()
+
+
 @pytest.mark.parametrize("private", [False, True])
-def test_prefetched_level_with_any_level_start_index(monkeypatch, private):
+def test_prefetched_level_with_any_level_start_index(monkeypatch, fresh_call_plans, private):
     # a level over the kernels' prefetch_near_kb (10000 rows x 32 channels, value + gradient
-    # 2.5 MB), so the corner-row prefetch runs, with locations on every side of the map
+    # 2.5 MB), so the corner-row prefetch runs (the kernels with prefetches, as for tensors
+    # beyond the last-level cache), with locations on every side of the map
     monkeypatch.setattr(module, "policy_llvm", lambda sizes, plan: private)
+    monkeypatch.setattr(module, "tensors_in_cache", lambda spec, problem: False)
     args = make(1, [[100, 100]], 24, 1, 32, 4, -0.3, 1.3, seed=11)
     for lsi in ([0], [-7], [2**31 - 1], [-2**31], [9990]):
         args[2] = np.asarray(lsi, np.int32)
@@ -140,7 +151,7 @@ def test_kernels_with_c_compiled_in_give_the_same_bits(monkeypatch):
     args = [misaligned_copy(a) for a in make(2, [[9, 7], [4, 5], [1, 3]], 25, 3, 32, 3, -0.2, 1.2, seed=10)]
     results = {}
     for name in module.KERNELS:
-        monkeypatch.setattr(module, "cpu_kernel", lambda sizes, plan, name=name: name)
+        monkeypatch.setattr(module, "cpu_kernel", lambda sizes, plan, in_cache, name=name: name)
         outs = [misaligned_copy(np.full(shape, np.nan, np.float32))
                 for shape in (args[0].shape, args[3].shape, args[4].shape)]
         results[name] = tvm_ops.ms_deform_attn_backward(*args, out=outs)
@@ -192,6 +203,25 @@ def test_c_compiled_in_is_picked_only_for_its_c():
     assert module.cpu_kernel(decoder, plan) == "backward_fixed_c"
     assert module.cpu_kernel(dict(decoder, C=33), plan) == "backward"
     assert module.cpu_kernel(decoder, dict(plan, fixed_c=0)) == "backward"
+
+
+def test_kernels_without_prefetches_serve_calls_that_fit_in_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(targets, "cache_bytes", lambda level: 32 << 20 if level == 3 else None)
+    plan = OP.schedules["llvm"].defaults
+    assert int(plan["prefetch"]) > 0
+    problems = {name: checks.Problem(OP.name, "float32", dict(OP.spec.case(name).shape), {}, {}, {"im2col_step": 64},
+                                     "numpy", "cpu")
+                for name in ("net_detr_decoder_reduced", "net_detr_decoder", "net_bevformer")}
+    for name, problem in problems.items():  # 21 MB of io bytes, then 82 MB and 2.4 GB, against 32 MiB
+        assert module.tensors_in_cache(OP.spec, problem) == (name == "net_detr_decoder_reduced"), name
+    decoder = dict(OP.spec.case("net_detr_decoder_reduced").shape)
+    assert module.cpu_kernel(decoder, plan, in_cache=True) == "backward_fixed_c_in_cache"
+    assert module.cpu_kernel(decoder, plan, in_cache=False) == "backward_fixed_c"
+    assert module.cpu_kernel(decoder, dict(plan, prefetch=0), in_cache=True) == "backward_fixed_c"  # none built
+    assert "backward_in_cache" not in OP.computes("float32", OP.plan(targets.resolve("llvm"), dict(plan, prefetch=0)),
+                                                  targets.resolve("llvm"))
+    monkeypatch.setattr(targets, "cache_bytes", lambda level: None)  # not known: the prefetches stay
+    assert not module.tensors_in_cache(OP.spec, problems["net_detr_decoder_reduced"])
 
 
 def test_policy_picks_the_private_slice_for_dense_sampling():

@@ -38,6 +38,11 @@ def test_even_split_rejects_no_cores():
         policy.even_split(5, 0)
 
 
+def test_cache_resident_is_up_to_the_cache_and_never_for_an_unknown_one():
+    assert policy.cache_resident(32 << 20, 32 << 20) and not policy.cache_resident((32 << 20) + 1, 32 << 20)
+    assert not policy.cache_resident(1, None)
+
+
 def test_deal_num_sizes_tiles_from_the_budget():
     # 512 KiB shared by 2 float32 buffers, aligned to 16 lanes
     assert policy.deal_num(512 * 1024, 2, 4, 16) == 65536

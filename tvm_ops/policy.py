@@ -68,6 +68,13 @@ def clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
+def cache_resident(io_bytes: float, cache_bytes: int | None) -> bool:
+    """Whether a call's tensors (its theory io bytes) fit in a cache of `cache_bytes` (None:
+    not known, so no). A repeated call, or one right after the op that wrote its inputs, then
+    finds them there: software prefetches of its rows cost more than they hide."""
+    return cache_bytes is not None and io_bytes <= cache_bytes
+
+
 @dataclass(frozen=True)
 class Policy:
     """What an mlu-ops policy function reads: taskDim, the NRAM budget, the NFU width."""

@@ -105,9 +105,10 @@ def _read_l2_bytes() -> int:
     return cache_bytes(2) or 1024 * 1024
 
 
+@functools.cache
 def cache_bytes(level: int) -> int | None:
     """The size of this host's level-`level` data cache as the first CPU sees it (L2: per
-    core; L3: shared), or None when the OS does not tell."""
+    core; L3: shared), or None when the OS does not tell (read once per process)."""
     index = Path("/sys/devices/system/cpu/cpu0/cache")
     for entry in sorted(index.glob("index*")):
         try:

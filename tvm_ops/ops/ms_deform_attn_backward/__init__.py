@@ -12,7 +12,8 @@ Kernels (symbolic B, K, H, C, L, Q, P): `backward` and `backward_private`, one
 library per (dtype, target), same arguments (the inputs, then the three outputs);
 `*_fixed_c` are the same two with the channel count compiled in (the `fixed_c` knob,
 default 32: every Deformable-DETR and BEVFormer configuration has 256 channels over 8
-heads), used when C matches.
+heads), used when C matches; on the CPU `*_in_cache` are the four compiled without their
+prefetches, used when the call's tensors fit in the last-level cache (tensors_in_cache).
   CPU (cpu_backward_compute): ONE pass over the samples computes all three
       outputs. Owner computes: a parallel task owns a (batch, head) slice of
       grad_value (rows of one (b, h) only receive samples of that (b, h)), walks
@@ -56,12 +57,12 @@ contribute nothing (not supported by the spec, but safe).
 
 from __future__ import annotations
 
-from ... import policy
+from ... import host_buffers, policy, targets
 from ...errors import BadParamError
 from ..base import Operator
 from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice
 from . import schedule
-from .compute import KERNELS, cpu_backward_compute, cuda_backward_compute
+from .compute import IN_CACHE, KERNELS, cpu_backward_compute, cuda_backward_compute
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
@@ -70,15 +71,32 @@ def policy_llvm(sizes: dict, plan: dict) -> bool:
     return private_slice(sizes, plan)
 
 
-def cpu_kernel(sizes: dict, plan: dict) -> str:
-    """Which CPU kernel a call runs, from its sizes and its library's plan."""
-    return cpu_kernel_name("backward", policy_llvm(sizes, plan), sizes, plan)
+def cpu_kernel(sizes: dict, plan: dict, in_cache: bool = False) -> str:
+    """Which CPU kernel a call runs, from its sizes, its library's plan and whether its
+    tensors fit in the last-level cache (tensors_in_cache): there a kernel compiled without
+    prefetches (none is built where the plan's prefetch is 0 already)."""
+    name = cpu_kernel_name("backward", policy_llvm(sizes, plan), sizes, plan)
+    return name + IN_CACHE if in_cache and int(plan["prefetch"]) else name
+
+
+def tensors_in_cache(spec, problem) -> bool:
+    """Whether a call's tensors (its theory io bytes) fit in this host's last-level cache,
+    where the kernels' prefetches cost more than they hide: decoder-like calls that fit ran
+    3-20% faster without them, larger ones up to 30% slower (docs/kernels/
+    ms_deform_attn_backward.md)."""
+    io_bytes, _ = spec.theory(problem.sizes, host_buffers.dtype_of(problem.dtype).itemsize, problem.params)
+    return policy.cache_resident(io_bytes, targets.cache_bytes(3))
 
 
 class MsDeformAttnBackward(LevelChecks, Operator):
     name = "ms_deform_attn_backward"
     kernel_names = KERNELS  # CUDA builds `backward` alone
     recipe = schedule
+
+    def rules(self, problem):
+        super().rules(problem)
+        # decided once per call signature, where its sizes are checked (launch runs per call)
+        problem.notes["in_cache"] = tensors_in_cache(self.spec, problem)
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
@@ -99,17 +117,21 @@ class MsDeformAttnBackward(LevelChecks, Operator):
     def computes(self, dtype, plan, model):
         if model.kind == "llvm":
             fixed = int(plan["fixed_c"])  # 0: no specialisation, no _fixed_c kernels (launch runs none)
-            return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name, int(plan["prefetch"]),
-                                               fixed if name.endswith("_fixed_c") else None,
+            prefetch = int(plan["prefetch"])  # 0: no *_in_cache kernels either (the same code)
+            return {name: cpu_backward_compute(dtype, plan["lanes"], "_private" in name,
+                                               0 if name.endswith(IN_CACHE) else prefetch,
+                                               fixed if "_fixed_c" in name else None,
                                                int(plan["prefetch_near_kb"]), int(plan["query_block"]))
-                    for name in KERNELS if fixed or not name.endswith("_fixed_c")}
+                    for name in KERNELS
+                    if (fixed or "_fixed_c" not in name) and (prefetch or not name.endswith(IN_CACHE))}
         return {"backward": cuda_backward_compute(dtype, int(plan["threads_h"]))}
 
     def zeroed(self, problem, plan):
         return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it
 
     def launch(self, kernels, problem, tensors):
-        name = cpu_kernel(problem.sizes, kernels.plan) if problem.device == "cpu" else "backward"
+        name = cpu_kernel(problem.sizes, kernels.plan, problem.notes["in_cache"]) if problem.device == "cpu" \
+            else "backward"
         # the CPU kernels write every element of the three outputs (np.empty is fine)
         kernels[name](*(tensors[k] for k in (
             "value", "spatial_shapes", "level_start_index", "sampling_loc", "attn_weight", "grad_output",

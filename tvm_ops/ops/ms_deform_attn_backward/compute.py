@@ -28,8 +28,11 @@ from .. import task_queue
 from ..ms_deform_attn_sampling import block_corners_macro, cuda_fma_position
 from ..prefetch import prefetch_words
 
-# *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute)
-KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
+# *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute);
+# *_in_cache: compiled without prefetches, for calls whose tensors fit in the last-level cache
+CPU_KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
+IN_CACHE = "_in_cache"
+KERNELS = CPU_KERNELS + tuple(name + IN_CACHE for name in CPU_KERNELS)
 
 
 # rows ahead that the private kernel's slice copy and write-back prefetch
@@ -228,7 +231,9 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
     into the slice, so the address is always in bounds), and while on (q, l) the
     rows of (q + 2A, l) (so the locations that prefetch reads are in cache). The corner
     rows only on levels whose value + gradient rows exceed near_kb: a smaller level stays
-    in the caches once touched.
+    in the caches once touched. The op's *_in_cache kernels are compiled with prefetch 0:
+    its launch runs them where the call's tensors fit in the last-level cache, there the
+    prefetches cost more than they hide.
     channels: C as a constant (None: symbolic). The channel loop is then straight-line
     code with no tail, and the corner accumulators stay in registers (BEVFormer kernel,
     interleaved: see the schedule file).
