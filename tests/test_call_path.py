@@ -9,6 +9,7 @@ import pytest
 
 import tvm_ops
 from tvm_ops import checks, runner, targets
+from tvm_ops.invocation import CallCache
 from tvm_ops.ops import NAMES, get
 from tvm_ops.testing import material
 
@@ -108,6 +109,20 @@ def test_the_cache_is_bounded(monkeypatch):
                  "indices": rng.integers(0, m, (1, 3, 3)).astype(np.int32),
                  "weights": rng.uniform(size=(1, 3, 3)).astype(np.float32)}, {"m": m}, "llvm", {})
     assert len(op._calls) == 8
+
+
+def test_the_cache_forgets_the_least_recently_used_signature():
+    cache = CallCache(3)
+    plans = {name: object() for name in "abcde"}
+    for name in "abc":
+        cache.put(name, plans[name])
+    assert cache.get("a") is plans["a"] and cache.get("a") is plans["a"]  # the second: already the latest
+    cache.put("d", plans["d"])  # b is the least recent now
+    assert cache.get("b") is None and cache.get("a") is plans["a"]
+    cache.get("c")
+    cache.get("d")
+    cache.put("e", plans["e"])  # a, used before c and d
+    assert [cache.get(name) for name in "acde"] == [None, plans["c"], plans["d"], plans["e"]]
 
 
 def test_threads_with_different_signatures_agree_with_one_thread():

@@ -38,7 +38,7 @@ def _forget_in_child() -> None:
     global _held
     _held = threading.local()
     for cache in list(_caches):
-        cache._plans, cache._lock = OrderedDict(), threading.Lock()
+        cache._plans, cache._lock, cache._latest = OrderedDict(), threading.Lock(), None
 
 
 forked.reset_in_child(_forget_in_child)
@@ -173,27 +173,33 @@ class CallCache:
         self.size = size
         self._plans: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._latest = None  # the plan last put or moved to the end
         _caches.add(self)
 
     def get(self, key):
         # no lock on the hit path (each dict operation is atomic); put and clear take it
         plan = self._plans.get(key)
-        if plan is not None:
+        # the plan of the last call again (a loop of one call) is already the most recent one:
+        # moving it would hash the key a second time (~0.4 us of a five-array call)
+        if plan is not None and plan is not self._latest:
             try:
                 self._plans.move_to_end(key)
             except KeyError:  # another thread's put evicted it meanwhile: still a valid plan
                 pass
+            self._latest = plan
         return plan
 
     def put(self, key, plan: CallPlan) -> None:
         with self._lock:
             self._plans[key] = plan
+            self._latest = plan
             while len(self._plans) > self.size:
                 self._plans.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+            self._latest = None
 
     def __len__(self) -> int:
         return len(self._plans)
