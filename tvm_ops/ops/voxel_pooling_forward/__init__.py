@@ -95,12 +95,13 @@ class VoxelPoolingForward(Operator):
             raise ValueError(f"zero_fill must be one of {', '.join(ZERO_FILLS)}, got {zero_fill!r}")
         return {"vec": pol.vector(), "algorithm": knobs["algorithm"], "row_bands": bands, "cores": pol.cores,
                 "zero_fill": zero_fill,
-                "memo_chunk": int(knobs["memo_chunk"])}
+                "memo_chunk": int(knobs["memo_chunk"]), "prefetch_rows": int(knobs["prefetch_rows"])}
 
     def computes(self, dtype, plan, model):
         if model.kind == "cuda":
             return compute.cuda_computes(dtype, plan["vec"])
-        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"))
+        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"),
+                                    plan["prefetch_rows"])
 
     def workspaces(self, problem, plan):
         s = problem.sizes

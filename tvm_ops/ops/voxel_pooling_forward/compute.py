@@ -12,6 +12,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from .. import fixed_channels
+from ..prefetch import prefetch_words
 
 CUDA_LANES = 32
 # the CPU's pool kernels (first-touch or not) and their fixed-channel copies
@@ -116,7 +117,7 @@ def _zero_unless(dtype: str):
     return zero_unless
 
 
-def _pool_bands(dtype: str, V: int, first_touch: bool):
+def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
     """The CPU's owner computes: owner = (batch b, band r of `bands` bands of output rows y),
     bands = R chosen by launch; band r is rows [r * ceil(Y / R), min((r + 1) * ceil(Y / R), Y)).
     It walks every point of its batch in order and adds the kept points whose y falls in its
@@ -139,7 +140,15 @@ def _pool_bands(dtype: str, V: int, first_touch: bool):
     of the band marks the rows written so far; a row's first point stores feat + 0 (the bits
     of 0 + feat, -0 included), later points add, and the rows no point reached are
     zero-filled at the end: no zero-fill of the rows that receive points, and no read of them
-    before their first point."""
+    before their first point.
+
+    ahead (points, 0: none; `pool` only): at each point, the output row of the point `ahead`
+    on is prefetched for writing (its y and x clamped into the band: a point the band does not
+    keep prefetches a row of the band, never past it). There the feature stream flushes the
+    caches between two adds to a row, which are as random as the points, so each add waited
+    on its row's load; the feature rows stream in order and the hardware fetches them ahead.
+    The first-touch walk's cache-resident cases ran slower with it
+    (docs/kernels/voxel_pooling_forward.md)."""
     zero = tvm.tirx.const(0, dtype)
     zero_unless = _zero_unless(dtype)
 
@@ -182,6 +191,10 @@ def _pool_bands(dtype: str, V: int, first_touch: bool):
                         out[vb, first + yy, xx, c] = zero
                 if first < end:
                     for point in range(N):
+                        if not first_touch and ahead > 0 and point + ahead < N:
+                            ya: T.let[T.int32] = T.max(first, T.min(end - 1, geom[vb, point + ahead, 1]))
+                            xa: T.let[T.int32] = T.max(0, T.min(X - 1, geom[vb, point + ahead, 0]))
+                            prefetch_words(lambda w: out[vb, ya, xa, w], C, 1)
                         n: T.let[T.int32] = point  # lets: the add block may read them
                         x: T.let[T.int32] = geom[vb, n, 0]
                         y: T.let[T.int32] = geom[vb, n, 1]
@@ -323,13 +336,14 @@ def cuda_computes(dtype: str, V: int) -> dict:
     return {"pos_memo": _pos_memo_cuda(), "pool": _pool_warp(dtype, V)}
 
 
-def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int) -> dict:
+def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, ahead: int) -> dict:
     """{kernel name: PrimFunc} of the CPU plans for one dtype, channel vector V, pos_memo's
-    points per task and the target's 32-bit lanes: the pools (first touch or not) with their
-    fixed-channel copies (fixed_channels), pos_memo, and the sort plan's two kernels."""
+    points per task, the target's 32-bit lanes and the pools' output-row prefetch distance:
+    the pools (first touch or not) with their fixed-channel copies (fixed_channels),
+    pos_memo, and the sort plan's two kernels."""
     shared = {"pos_memo": _pos_memo_tasks(memo_chunk, lanes), "sort_points": _sort_points(),
               "segment_sum": _segment_sum(dtype, V)}
-    pools = {"pool": _pool_bands(dtype, V, first_touch=False), "pool_first_touch": _pool_bands(dtype, V, first_touch=True)}
+    pools = {"pool": _pool_bands(dtype, V, False, ahead), "pool_first_touch": _pool_bands(dtype, V, True, ahead)}
     fixed = {}
     for name, func in pools.items():  # geom [B, N, 3], then feat [B, N, C]
         fixed |= fixed_channels.copies(name, func, {1: (("B", "N", "C"), dtype)})
