@@ -95,8 +95,9 @@ class MsDeformAttnBackward(LevelChecks, Operator):
 
     def rules(self, problem):
         super().rules(problem)
-        # decided once per call signature, where its sizes are checked (launch runs per call)
-        problem.notes["in_cache"] = tensors_in_cache(self.spec, problem)
+        # decided once per call signature, where its sizes are checked (launch runs per call);
+        # only CPU kernels come in both kinds
+        problem.notes["in_cache"] = problem.device == "cpu" and tensors_in_cache(self.spec, problem)
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):

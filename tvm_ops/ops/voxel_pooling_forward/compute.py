@@ -142,13 +142,12 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
     zero-filled at the end: no zero-fill of the rows that receive points, and no read of them
     before their first point.
 
-    ahead (points, 0: none; `pool` only): at each point, the output row of the point `ahead`
-    on is prefetched for writing (its y and x clamped into the band: a point the band does not
-    keep prefetches a row of the band, never past it). There the feature stream flushes the
-    caches between two adds to a row, which are as random as the points, so each add waited
-    on its row's load; the feature rows stream in order and the hardware fetches them ahead.
-    The first-touch walk's cache-resident cases ran slower with it
-    (docs/kernels/voxel_pooling_forward.md)."""
+    ahead (points, 0: none): at each point, the output row of the point `ahead` on is
+    prefetched for writing (its y and x clamped into the band: a point the band does not keep
+    prefetches a row of the band, never past it). In `pool`'s cases the feature stream
+    flushes the caches between two adds to a row, which are as random as the points, so each
+    add waited on its row's load; the feature rows stream in order and the hardware fetches
+    them ahead (cpu_computes builds the first-touch walk with none)."""
     zero = tvm.tirx.const(0, dtype)
     zero_unless = _zero_unless(dtype)
 
@@ -191,7 +190,7 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
                         out[vb, first + yy, xx, c] = zero
                 if first < end:
                     for point in range(N):
-                        if not first_touch and ahead > 0 and point + ahead < N:
+                        if ahead > 0 and point + ahead < N:
                             ya: T.let[T.int32] = T.max(first, T.min(end - 1, geom[vb, point + ahead, 1]))
                             xa: T.let[T.int32] = T.max(0, T.min(X - 1, geom[vb, point + ahead, 0]))
                             prefetch_words(lambda w: out[vb, ya, xa, w], C, 1)
@@ -343,7 +342,9 @@ def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, ahead: int) ->
     pos_memo, and the sort plan's two kernels."""
     shared = {"pos_memo": _pos_memo_tasks(memo_chunk, lanes), "sort_points": _sort_points(),
               "segment_sum": _segment_sum(dtype, V)}
-    pools = {"pool": _pool_bands(dtype, V, False, ahead), "pool_first_touch": _pool_bands(dtype, V, True, ahead)}
+    # the first-touch walk's cases are cache-resident: the row prefetch made them slower
+    # (docs/kernels/voxel_pooling_forward.md)
+    pools = {"pool": _pool_bands(dtype, V, False, ahead), "pool_first_touch": _pool_bands(dtype, V, True, 0)}
     fixed = {}
     for name, func in pools.items():  # geom [B, N, 3], then feat [B, N, C]
         fixed |= fixed_channels.copies(name, func, {1: (("B", "N", "C"), dtype)})
