@@ -290,6 +290,62 @@ def test_no_device_to_host_copy_in_a_repeated_cuda_call():
             torch.cuda.set_sync_debug_mode("default")
 
 
+def _on_gpus(monkeypatch, indices: dict):
+    """describe() reporting the named torch tensors as CUDA tensors on those GPU indices (the
+    checks read only metadata, so a machine without GPUs can see what they decide)."""
+    import dataclasses
+
+    from tvm_ops import interop
+
+    real = interop.describe
+    monkeypatch.setattr(interop, "describe", lambda name, value: dataclasses.replace(
+        real(name, value), device="cuda", device_index=indices[name]) if name in indices else real(name, value))
+
+
+@requires_torch
+def test_outputs_are_made_on_the_inputs_gpu_and_two_gpus_are_refused(monkeypatch):
+    import torch
+
+    from tvm_ops import interop
+
+    op = get("three_interpolate_backward")
+    inputs, params = generated(op, first_ok(op))
+    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    _on_gpus(monkeypatch, dict.fromkeys(tensors, 1))
+    problem = checks.check(op.spec, tensors, params, {}, op.rules)
+    assert (problem.device, problem.where) == ("cuda", "cuda:1")  # not the current device, whichever
+    make = interop.allocator(problem.kind, problem.where, (4, 3), "float32", zero=False)
+    assert make.keywords["device"] == torch.device("cuda", 1)
+    _on_gpus(monkeypatch, dict(dict.fromkeys(tensors, 1), weights=0))
+    with pytest.raises(tvm_ops.BadParamError, match="weights is a torch tensor on cuda:0 but grad_output is a torch "
+                                                    "tensor on cuda:1"):
+        checks.check(op.spec, tensors, params, {}, op.rules)
+    monkeypatch.undo()
+    assert checks.check(op.spec, tensors, params, {}, op.rules).where == "cpu"
+
+
+@requires_torch
+def test_a_call_on_a_gpu_other_than_the_current_one_runs_there():
+    import torch
+
+    reason = gpu_skip_reason()
+    if reason or torch.cuda.device_count() < 2:
+        pytest.skip(reason or "one CUDA GPU visible (this test needs two)")
+    for name in NAMES:
+        op = get(name)
+        inputs, params = generated(op, first_ok(op))
+        on = {i: {k: torch.from_numpy(v).to(f"cuda:{i}") for k, v in inputs.items()} for i in (0, 1)}
+        with torch.cuda.device(0):
+            results = [op.call(on[i], params, "cuda", {}) for i in (0, 1)]
+            mixed = dict(on[1], **{next(iter(on[0])): next(iter(on[0].values()))})
+            with pytest.raises(tvm_ops.BadParamError, match="pass all tensors of one kind and device"):
+                op.call(mixed, params, "cuda", {})
+        results = [r if isinstance(r, tuple) else (r,) for r in results]
+        for a, b in zip(*results):
+            assert b.device == torch.device("cuda", 1)
+            torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_the_overhead_bench_reports_every_call_kind(name):
     from tvm_ops import overhead

@@ -33,7 +33,10 @@ class Problem:
     outs: dict  # name -> TensorInfo of caller buffers given with out=
     params: dict
     kind: str  # "numpy" or "torch": the kind of tensor returned
-    device: str
+    device: str  # "cpu" or "cuda"
+    # where new outputs and workspaces are made: the tensors' device as torch names it ("cuda:1"),
+    # not the current CUDA device
+    where: str = "cpu"
     empty: bool = False  # a zero-element success: outputs are zeros, no kernel runs
     notes: dict = field(default_factory=dict)  # values an operator's checks derive
 
@@ -64,10 +67,10 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
     everything = list(infos.values()) + list(given.values())
     first = everything[0]
     for info in everything[1:]:
-        if (info.kind, info.device) != (first.kind, first.device):
+        if (info.kind, info.where) != (first.kind, first.where):
             raise BadParamError(
-                f"{op}: {info.name} is a {info.kind} tensor on {info.device} but {first.name} is a "
-                f"{first.kind} tensor on {first.device}; pass all tensors of one kind and device")
+                f"{op}: {info.name} is a {info.kind} tensor on {info.where} but {first.name} is a "
+                f"{first.kind} tensor on {first.where}; pass all tensors of one kind and device")
     # 2. ranks
     for t in spec.inputs + spec.outputs:
         info = infos.get(t.name) or given.get(t.name)
@@ -134,7 +137,8 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
         if unbound:
             raise BadParamError(f"{op}: cannot tell {', '.join(unbound)} of {t.name}: pass it or out=")
     float_dtype = dtypes[spec.inputs[0].name]
-    problem = Problem(op, float_dtype, sizes, infos, given, checked_params, first.kind, first.device)
+    problem = Problem(op, float_dtype, sizes, infos, given, checked_params, first.kind, first.device,
+                      where=first.where)
     if op_rules is not None:
         op_rules(problem)
     # 6. large tensors

@@ -39,6 +39,12 @@ class TensorInfo:
     native: bool = True  # numpy: native byte order (DLPack takes no other)
     writeable: bool = True  # numpy: not read-only (DLPack exports no read-only array)
     lazy: bool = False  # torch: its memory does not hold its values (lazy_values)
+    device_index: int | None = None  # torch: the device's index (which GPU), None on the CPU
+
+    @property
+    def where(self) -> str:
+        """The device as torch names it: "cpu", "cuda:1"."""
+        return self.device if self.device_index is None else f"{self.device}:{self.device_index}"
 
     @property
     def ready(self) -> bool:
@@ -92,7 +98,8 @@ def describe(name: str, value) -> TensorInfo:
                           bool(value.flags.writeable))
     if _is_torch(value):
         return TensorInfo(name, value, tuple(value.shape), _torch_dtype_name(value.dtype),
-                          bool(value.is_contiguous()), "torch", value.device.type, lazy=lazy_values(value))
+                          bool(value.is_contiguous()), "torch", value.device.type,
+                          lazy=lazy_values(value), device_index=value.device.index)
     if hasattr(value, "__dlpack__"):
         try:
             return describe(name, np.from_dlpack(value))
@@ -142,10 +149,11 @@ class _Unmarked:
 
 
 def empty_like_kind(kind: str, device: str, shape: tuple, dtype: str, zero: bool, line_aligned: bool = False):
-    """A new output tensor of the caller's kind (numpy: on a cache line if it is not small, or
-    always with line_aligned). A large uninitialised CPU torch tensor is a view of a reused
-    host block (host_buffers), as a numpy output is: a fresh one costs a page fault per page
-    (67 ms for the 303 MB gradient of a voxel_pooling training step, 0.6 ms reused)."""
+    """A new output tensor of the caller's kind on `device` (torch's name of it: "cpu", "cuda:1";
+    numpy: on a cache line if it is not small, or always with line_aligned). A large
+    uninitialised CPU torch tensor is a view of a reused host block (host_buffers), as a numpy
+    output is: a fresh one costs a page fault per page (67 ms for the 303 MB gradient of a
+    voxel_pooling training step, 0.6 ms reused)."""
     if kind == "torch":
         import torch
 

@@ -46,7 +46,7 @@ forked.reset_in_child(_forget_in_child)
 
 def new_tensors(problem: checks.Problem, specs: dict, zero: bool) -> dict:
     """{name: tensor of the caller's kind and device} for {name: (shape, dtype)}."""
-    return {name: interop.empty_like_kind(problem.kind, problem.device, shape, dtype, zero)
+    return {name: interop.empty_like_kind(problem.kind, problem.where, shape, dtype, zero)
             for name, (shape, dtype) in specs.items()}
 
 
@@ -88,7 +88,7 @@ class CallPlan:
     def __init__(self, op, problem: checks.Problem, kernels):
         self.op, self.problem, self.kernels = op, problem, kernels
         self.new_outputs = output_specs(op, problem)
-        self.allocators = {name: interop.allocator(problem.kind, problem.device, shape, dtype, zero=problem.empty)
+        self.allocators = {name: interop.allocator(problem.kind, problem.where, shape, dtype, zero=problem.empty)
                            for name, (shape, dtype) in self.new_outputs.items()}
         # the outputs allocated once the kernels have counted their sizes: (name, shape with the
         # symbol of each counted size in its place, dtype), the rest of each shape known now
@@ -133,7 +133,7 @@ class CallPlan:
                 _check_counted(op, problem, counted)
             for name, dims, dtype in self.late_outputs:
                 shape = tuple([counted[d] if type(d) is str else d for d in dims])
-                outputs[name] = tensors[name] = interop.empty_like_kind(problem.kind, problem.device, shape, dtype,
+                outputs[name] = tensors[name] = interop.empty_like_kind(problem.kind, problem.where, shape, dtype,
                                                                         zero=False)
         op.launch(self.kernels, problem, tensors)
         return _returned(outputs, self.returned_names)
@@ -142,12 +142,12 @@ class CallPlan:
         """{name: workspace}: views of a new block, or of this thread's block of the previous
         call of this plan (reuses_workspaces)."""
         if not self.reuses_workspaces:
-            return interop.carved(self.problem.kind, self.problem.device, self.workspaces)
+            return interop.carved(self.problem.kind, self.problem.where, self.workspaces)
         held = _held.__dict__
         last = held.get(self.op.name)
         if last is not None and last[0] is self:
             return last[1]
-        views = interop.carved(self.problem.kind, self.problem.device, self.workspaces)
+        views = interop.carved(self.problem.kind, self.problem.where, self.workspaces)
         for name in self.kernel_only:
             views[name] = interop.kernel_tensor(views[name])
         held[self.op.name] = (self, views)

@@ -339,7 +339,7 @@ class RpcHarness:
         prepared = prepared or prepare(op, case, dtype)
         (inputs, params), problem = prepared.generated, prepared.problem
         if model.kind == "cuda":  # launch takes its device path; tensors stay placeholders
-            problem = dataclasses.replace(problem, kind="torch", device="cuda")
+            problem = dataclasses.replace(problem, kind="torch", device="cuda", where="cuda")
         self.problem = problem
         trace_launch(op, problem, op.plan(model, op.schedules[model.kind].defaults))  # replayable at all?
         self.host = {name: np.ascontiguousarray(interop.contiguous(info)) for name, info in problem.inputs.items()}
