@@ -2,6 +2,10 @@
 in (measured at its size), DRAM, or the faster of DRAM and the copy at its size where it is
 partly cached; the compute peak is a measured FMA loop."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tvm_ops import bench, targets
@@ -32,6 +36,39 @@ def test_interleaved_timings_each_run_their_rounds_in_turn():
                                          "copy": timed("copy", 1.0, "tvm", 3)}, 3)
     assert order == ["case", "peer", "copy"] * 2 + ["case", "copy"]
     assert medians == {"case": 2.0, "peer": 5.0, "copy": 1.0}
+
+
+def test_blocks_are_sized_in_the_first_block_from_the_fastest_single_run():
+    runs = []
+    seconds = iter([0.5, 1e-4, 2e-4, 1e-4, 3e-4])  # a slow first run (a thread waking up)
+
+    def run(number):
+        runs.append(number)
+        return next(seconds, 1e-4)
+
+    block = bench._warmed_blocks(run)
+    assert runs == []  # nothing runs where the Timed is made (another library's threads may spin there)
+    block()
+    fastest = 1e-4
+    assert runs == [1] * bench.CALIBRATION_RUNS + [int(bench.WARM_SECONDS / fastest),
+                                                   int(bench.BLOCK_SECONDS / fastest)]
+    block()
+    assert runs[-2:] == runs[-4:-2]  # sized once
+
+
+def test_settle_waits_until_tvms_workers_stop_spinning():
+    if not os.path.isdir(bench._TASKS):
+        pytest.skip("no /proc/self/task: settle waits a fixed time here")
+    # a fresh process: TVM's pool reads its spin count once, at its first parallel kernel
+    code = ("import os; os.environ['TVM_THREAD_POOL_SPIN_COUNT'] = '300000'\n"
+            "from tvm_ops import bench, targets\n"
+            "bench.copy_timing(targets.resolve('llvm'), 1 << 20)[1]()\n"
+            "spinning = bench._other_threads_running()\n"
+            "bench.settle()\n"
+            "print(spinning, bench._other_threads_running())\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "False"]
 
 
 def test_the_compute_peak_is_measured_and_below_the_nominal_one():

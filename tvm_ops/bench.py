@@ -27,7 +27,9 @@ other, a case timed in a slow spell read above 100% of a roofline timed in a qui
 from __future__ import annotations
 
 import functools
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -125,18 +127,43 @@ def kernel_timing(lib, name: str, dev, args: list) -> Callable[[], float]:
     return _warmed_blocks(run)
 
 
+# a run's time, which sizes the blocks, is the fastest of this many single runs (fewer where
+# they take longer than CALIBRATION_SECONDS in all)
+CALIBRATION_RUNS, CALIBRATION_SECONDS = 5, 0.05
+
+
 def _warmed_blocks(run: Callable[[int], float]) -> Callable[[], float]:
     """block(): WARM_SECONDS of untimed runs (none for a run longer than that), then as many
-    runs as last ~BLOCK_SECONDS; their mean."""
-    once = max(run(1), 1e-7)
-    number, warm = max(1, int(BLOCK_SECONDS / once)), int(WARM_SECONDS / once)
+    runs as last ~BLOCK_SECONDS; their mean. How many is decided in the first block (after
+    the other library's threads have settled, as every block is) from the fastest of a few
+    single runs: decided when the Timed was made, right after the case's own block, a torch
+    peer's runs shared the cores with TVM's spinning workers, and the first run after an idle
+    wait can take a scheduler tick (torch.gather on three_interpolate_forward's
+    net_16x16x512_n64: 1-18 ms against 0.06); sized from such a run, each block was one
+    run as slow (that peer's median 15-26 ms)."""
+    sizes: list = []  # [(runs per block, warm-up runs)] once the first block has measured
 
     def block() -> float:
+        if not sizes:
+            sizes.append(_block_runs(run))
+        number, warm = sizes[0]
         if warm:
             run(warm)
         return run(number)
 
     return block
+
+
+def _block_runs(run: Callable[[int], float]) -> tuple[int, int]:
+    """(runs per block, warm-up runs) from the fastest of a few single runs."""
+    start = time.perf_counter()
+    once = run(1)
+    for _ in range(CALIBRATION_RUNS - 1):
+        if time.perf_counter() - start > CALIBRATION_SECONDS:
+            break
+        once = min(once, run(1))
+    once = max(once, 1e-7)
+    return max(1, int(BLOCK_SECONDS / once)), int(WARM_SECONDS / once)
 
 
 def peer_rounds(repeat: int) -> int:
@@ -169,15 +196,50 @@ def single_calls_median(fn, repeat: int, sync=None) -> float:
     return statistics.median(run(1) for _ in range(repeat))
 
 
-SETTLE_SECONDS = 0.1
+SETTLE_SECONDS = 0.1  # where the threads cannot be watched (no /proc): a fixed wait
+SETTLE_POLL_SECONDS = 0.005
+SETTLE_MAX_SECONDS = 1.0  # a thread that never sleeps (not a pool) must not stall the bench
 
 
 def settle() -> None:
     """Wait until the other library's worker threads sleep. OpenMP's (torch's) and TVM's
     pools spin for a while after their last parallel region, and a timing started in that
     window shares the cores with them: on the 2-core host, the L3 copy measured right after
-    a torch call ran at half its bandwidth about one time in three."""
-    time.sleep(SETTLE_SECONDS)
+    a torch call ran at half its bandwidth about one time in three. TVM's workers spin ~0.12 s
+    there (300000 sched_yield calls), longer than the fixed 0.1 s this waited before: a
+    parallel torch peer that started beside a spinning worker ran 300x slower (torch.gather
+    on three_interpolate_forward's net_16x16x512_n64, 15-26 ms a call against 0.05-0.09),
+    since each yield then hands over a time slice and the spin outlasts the peer's block.
+    So this waits, polling, until no other thread of the process is running (Linux: their
+    states in /proc), a fixed time elsewhere."""
+    if not os.path.isdir(_TASKS):
+        time.sleep(SETTLE_SECONDS)
+        return
+    deadline = time.perf_counter() + SETTLE_MAX_SECONDS
+    quiet = 0
+    while quiet < 2 and time.perf_counter() < deadline:  # two polls in a row with none running
+        time.sleep(SETTLE_POLL_SECONDS)
+        quiet = quiet + 1 if not _other_threads_running() else 0
+
+
+_TASKS = "/proc/self/task"
+
+
+def _other_threads_running() -> bool:
+    """Whether a thread of this process other than the caller is running or runnable (a
+    spinning pool worker is: sched_yield keeps it so)."""
+    me = threading.get_native_id()
+    for tid in os.listdir(_TASKS):
+        if int(tid) == me:
+            continue
+        try:
+            with open(f"{_TASKS}/{tid}/stat") as stat:
+                fields = stat.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if fields[fields.rindex(")") + 2] == "R":  # the state follows the name, which may hold ")"
+            return True
+    return False
 
 
 def stream_bandwidth(model: TargetModel, repeat: int = 10) -> float:
