@@ -141,12 +141,10 @@ def _warmed_blocks(run: Callable[[int], float]) -> Callable[[], float]:
     wait can take a scheduler tick (torch.gather on three_interpolate_forward's
     net_16x16x512_n64: 1-18 ms against 0.06); sized from such a run, each block was one
     run as slow (that peer's median 15-26 ms)."""
-    sizes: list = []  # [(runs per block, warm-up runs)] once the first block has measured
+    runs = functools.cache(lambda: _block_runs(run))  # measured in the first block, kept
 
     def block() -> float:
-        if not sizes:
-            sizes.append(_block_runs(run))
-        number, warm = sizes[0]
+        number, warm = runs()
         if warm:
             run(warm)
         return run(number)
