@@ -20,9 +20,10 @@ from .conftest import gpu_skip_reason
 
 OP = get("three_interpolate_forward")  # libraries built in under a second (this file builds dozens), with knobs and float16
 
-# One call in a fresh process; prints how many libraries it had to compile.
+# One call in a fresh process; prints how many libraries it had to compile and whether it
+# imported TVM's Python package.
 CHILD = """
-import os, numpy as np, tvm_ops
+import os, sys, numpy as np, tvm_ops
 from tvm_ops import build
 if os.environ.get("FORBID_SCHEDULING"):  # a warm process must find its library by key alone
     def forbidden(self):
@@ -39,15 +40,21 @@ for b in range(2):
         for k in range(3):
             ref[b, :, n] += features[b, :, idx[b, n, k]].astype(np.float64) * w[b, n, k]
 assert np.allclose(out, ref, rtol=1e-5, atol=1e-6), "wrong result"
-print(build.build_count)
+print(build.build_count, "tvm" in sys.modules)
 """
 
 
-def child(cache: Path, extra_env=None) -> int:
+def child_report(cache: Path, extra_env=None) -> tuple[int, bool]:
+    """(libraries compiled, TVM imported) of CHILD run with `cache`."""
     env = dict(os.environ, TVM_OPS_CACHE_DIR=str(cache), **(extra_env or {}))
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    return int(done.stdout.strip().splitlines()[-1])
+    built, imported = done.stdout.strip().splitlines()[-1].split()
+    return int(built), imported == "True"
+
+
+def child(cache: Path, extra_env=None) -> int:
+    return child_report(cache, extra_env)[0]
 
 
 def child_variant():
@@ -69,6 +76,13 @@ def test_cache_round_trip_in_fresh_processes(tmp_path):
     assert manifest["plan"] == OP.plan(targets.resolve("llvm"), manifest["knobs"])
     assert manifest["origin"] == "hand-tuned" and manifest["knobs"]
     assert {"kernels.ll", "kernels.s"} <= {p.name for p in entry.iterdir()}
+
+
+def test_a_built_library_is_called_without_importing_tvm(tmp_path):
+    # the first process builds (TVM's compiler); the next finds the host's CPU, the key and the
+    # library without it and loads the kernels through TVM's runtime library alone
+    assert child_report(tmp_path) == (1, True)
+    assert child_report(tmp_path) == (0, False)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry",
@@ -163,7 +177,7 @@ def test_a_knob_a_dtype_or_a_target_changes_the_key():
 def test_the_key_covers_the_modules_the_kernels_are_made_from(monkeypatch):
     op = get("border_align_backward")
     package = type(op).__module__
-    modules = build._imported_modules([f"{package}.compute", f"{package}.schedule"])
+    modules = build._imported_modules([f"{package}.compute", f"{package}.schedule"], {package})
     assert {f"{package}.compute", f"{package}.schedule", "tvm_ops.ops.task_queue", "tvm_ops.ops.prefetch",
             "tvm_ops.host_buffers"} <= modules
     assert "tvm_ops.checks" not in modules  # the call path does not shape a kernel
@@ -243,7 +257,7 @@ def test_nvcc_failures_are_one_clear_error(monkeypatch):
 def test_a_library_holds_the_kernels_its_target_launches():
     # three_interpolate_backward declares five kernels: the CPU's owners and CUDA's atomic
     # scatter and float16 cast; a CPU library holds the owners alone, and says so
-    from tvm_ops.ops.three_interpolate_backward.compute import OWNER_KERNELS, SCATTER
+    from tvm_ops.ops.three_interpolate_backward import OWNER_KERNELS, SCATTER
 
     op = get("three_interpolate_backward")
     variant = dispatch.default_variant(op, "float32", targets.resolve("llvm"))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import tvm_ops
 from tvm_ops import build, metrics
 from tvm_ops.ops import get
-from tvm_ops.ops.three_interpolate_backward.compute import CAST, OWNER_KERNELS, SCATTER
+from tvm_ops.ops.three_interpolate_backward import CAST, OWNER_KERNELS, SCATTER
 from tvm_ops.testing import material
 
 from .conftest import requires_torch

@@ -27,14 +27,17 @@ import platform
 import shutil
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import one_core, paths, targets
+from . import host_record, one_core, paths, runtime_library, targets
 from .macro_lookup import fast_macro_lookup
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 5  # 2: knobs; 3: CUDA without fast math; 4: key from sources; 5: one-core builds
+# 2: knobs; 3: CUDA without fast math; 4: key from sources; 5: one-core builds; 6: key from the
+# target's model (no TVM needed to find a library)
+FORMAT_VERSION = 6
 PACKAGE_DIR = Path(__file__).resolve().parent
 build_count = 0  # libraries compiled by this process (tests count rebuilds)
 
@@ -94,15 +97,13 @@ class Variant:
 
     @_computed_once
     def key(self) -> str:
-        import tvm
-
         digest = hashlib.sha256()
         # the knobs too: a knob that only changes what launch does (which kernels it calls)
-        # leaves the code alike, but the manifest's knobs must be the library's own
+        # leaves the code alike, but the manifest's knobs must be the library's own; the
+        # target as the model that makes it (a CUDA target's host CPU too), read without TVM
         for part in (source_digest(self.op), json.dumps(self.plan, sort_keys=True, default=str),
-                     json.dumps(self.knobs, sort_keys=True, default=str), self.dtype,
-                     json.dumps(self.model.tvm_target().export(), sort_keys=True, default=str),
-                     tvm.__version__, str(FORMAT_VERSION), str(self.one_core)):
+                     json.dumps(self.knobs, sort_keys=True, default=str), self.dtype, _target_text(self.model),
+                     host_record.tvm_version(), str(FORMAT_VERSION), str(self.one_core)):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()[:16]
@@ -113,6 +114,14 @@ class Variant:
         return f"{self.op.name}-{self.dtype}-{self.model.key}{cores}-{self.key}"
 
 
+def _target_text(model: targets.TargetModel) -> str:
+    """What makes the TVM target of `model` (TargetModel.tvm_target), as text."""
+    parts = [dataclasses.asdict(model)]
+    if model.kind == "cuda":  # its host code is built for this machine's CPU
+        parts.append(dataclasses.asdict(targets.host_cpu()))
+    return json.dumps(parts, sort_keys=True)
+
+
 @functools.lru_cache(maxsize=None)
 def source_digest(op) -> str:
     """sha256 of the source of op's compute and schedule modules, of the module that makes
@@ -120,7 +129,8 @@ def source_digest(op) -> str:
     reading their import statements), and of the op's own module (its plan and computes
     choose what is built; not what it imports: the call path's modules build nothing)."""
     package = type(op).__module__  # tvm_ops.ops.<op>
-    modules = _imported_modules([f"{package}.compute", f"{package}.schedule", one_core.__name__]) | {package}
+    # compute and schedule read the kernel names from the op's module: not a way into the call path's
+    modules = _imported_modules([f"{package}.compute", f"{package}.schedule", one_core.__name__], {package})
     digest = hashlib.sha256()
     for name in sorted(modules):
         digest.update(name.encode() + b"\0" + _module_file(name).read_bytes() + b"\0")
@@ -136,7 +146,9 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-def _imported_modules(roots: list[str]) -> set[str]:
+def _imported_modules(roots: list[str], leaves: set = frozenset()) -> set[str]:
+    """The tvm_ops modules `roots` import, directly or not, and the roots; a module of `leaves`
+    counts, but what it imports does not."""
     seen, todo = set(), list(roots)
     while todo:
         name = todo.pop()
@@ -146,6 +158,8 @@ def _imported_modules(roots: list[str]) -> set[str]:
         if path is None:
             continue
         seen.add(name)
+        if name in leaves:
+            continue
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -386,9 +400,7 @@ class Kernels(dict):
 
 def load(entry: Path, op) -> Kernels:
     """The kernels of a built library directory, with the plan recorded in its manifest."""
-    import tvm
-
-    lib = tvm.runtime.load_module(str(entry / "lib.so"))
+    lib = runtime_library.load_module(entry / "lib.so")
     info = manifest(entry)
     try:
         kernels = Kernels({name: lib[name] for name in info["kernels"]})

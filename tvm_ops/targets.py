@@ -17,6 +17,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import host_record
 from .errors import ArchMismatchError, BadParamError
 
 TARGET_KINDS = ("llvm", "cuda")
@@ -95,6 +96,9 @@ def triple_arch(mtriple: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _llvm_features(mtriple: str, cpu: str) -> frozenset:
+    host = host_record.load() if not mtriple else None  # the host's CPU: known without TVM
+    if host is not None and host["cpu"] == cpu:
+        return frozenset(host["features"])
     import tvm
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, **({"mtriple": mtriple} if mtriple else {})})
@@ -189,15 +193,21 @@ def _worker_count() -> int:
 
 @functools.lru_cache(maxsize=None)
 def host_cpu() -> TargetModel:
-    """The host CPU with its real -mcpu (a bare "llvm" target would be SSE only)."""
-    import tvm
-
+    """The host CPU with its real -mcpu (a bare "llvm" target would be SSE only), as TVM's
+    LLVM names it: asked once per CPU, then read from the cache directory (host_record.py)."""
     _require_thread_settings()  # before the first kernel starts TVM's pool with them
-    cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")()
     cores = _worker_count()
     # TVM's runtime uses one thread unless told; use every core, as taskDim = all cores.
     os.environ.setdefault("TVM_NUM_THREADS", str(cores))
-    disabled = lacking_features(cpu, _host_features())
+    known = host_record.load()
+    if known is not None:
+        cpu, disabled = known["cpu"], tuple(known["lacking"])
+    else:
+        import tvm
+
+        cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")()
+        disabled = lacking_features(cpu, _host_features())
+        host_record.store(cpu, _llvm_features("", cpu), disabled)
     return TargetModel("llvm", cpu, "", cores, _read_l2_bytes(), _read_vector_bytes(), "", disabled)
 
 
@@ -348,6 +358,9 @@ def missing_features(model: TargetModel) -> list[str]:
 def _missing_features(model: TargetModel) -> tuple:
     if model.mtriple and triple_arch(model.mtriple) != platform.machine():
         return (triple_arch(model.mtriple),)
+    host = host_cpu()
+    if not model.mtriple and model.cpu == host.cpu and set(host.disabled) <= set(model.disabled):
+        return ()  # the host's CPU built without what it lacks: nothing to ask of CPUID
     return tuple(_absent(model.features(), _host_features()))
 
 

@@ -8,13 +8,14 @@ checks -> kernels (built or loaded) -> tensors in -> launch -> tensors out.
 
 from __future__ import annotations
 
+import importlib
+
 from .. import checks, interop, records, schedule_file, spec, targets
 
 
 class Operator:
     name: str = ""
     kernel_names: tuple = ()  # kernels of one call, in launch order
-    recipe = None  # the op's schedule module: one function per target kind (llvm, cuda)
     # the workspaces count or launch read on the host, where an op lists them: a call plan
     # that reuses its host workspaces hands the others to the kernels as TVM tensors made
     # once (a numpy argument costs each kernel call ~90 ns to convert); None: all stay numpy
@@ -43,7 +44,12 @@ class Operator:
         raise NotImplementedError
 
     def schedule(self, sch, kernel: str, model: targets.TargetModel, plan: dict) -> None:
-        getattr(self.recipe, model.kind)(sch, kernel, model, plan)
+        """Apply the op's recipe for `model.kind` (a function of its `schedule` module)."""
+        # imported here, as `computes` imports the op's compute module: both need TVM's
+        # compiler, which a call of an already built library does not (its first call in a
+        # process would import TVM's Python package: ~1 s)
+        recipes = importlib.import_module(f"{type(self).__module__}.schedule")
+        getattr(recipes, model.kind)(sch, kernel, model, plan)
 
     def workspaces(self, problem: checks.Problem, plan: dict) -> dict:
         """{name: (shape, dtype)}: scratch tensors launch finds in `tensors`, uninitialised.

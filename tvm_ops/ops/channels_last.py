@@ -18,9 +18,7 @@ copied element by element.
 from __future__ import annotations
 
 import numpy as np
-from tvm.script import tirx as T
 
-from .lane_transpose import transpose_macro
 from .point_vectors import scratch_scope
 
 CHUNK = 1024  # positions per parallel task (4 KB of each source row)
@@ -67,6 +65,11 @@ def rewritten(to_channels_last, value, rows):
 def to_channels_last_compute(dtype: str, lanes: int):
     """src [B, C, P] -> dst [B, P, C] of one dtype: whole squares through registers, the edges
     element by element; a task per (batch, CHUNK positions)."""
+    # imported here: the call path reads this module's host functions without TVM
+    from tvm.script import tirx as T
+
+    from .lane_transpose import transpose_macro
+
     transpose = transpose_macro(lanes)
     scratch = scratch_scope("llvm")
     V = lanes

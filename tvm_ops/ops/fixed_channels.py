@@ -15,8 +15,6 @@ counts of its networks (FIXED_CHANNELS, the BEV ops', by default).
 
 from __future__ import annotations
 
-from tvm import tirx
-
 from ..one_core import element_aligned
 
 # BEV feature channels: BEVDepth's and BEVFusion's camera branch 80, BEVDet's 64
@@ -45,6 +43,8 @@ def copies(kernel: str, func, buffers: dict, fixed: tuple = FIXED_CHANNELS) -> d
     the channels "C", named as in the compute (a name shared by two buffers is one variable):
     PrimFunc.specialize rebinds each dimension to the variable that first names it, so the
     buffers before the channels' must be restated too."""
+    from tvm import tirx  # here: launch reads `pick` without TVM
+
     def specialized(channels: int):
         variables: dict = {}
 

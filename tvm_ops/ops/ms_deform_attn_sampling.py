@@ -12,15 +12,16 @@ depend on whether LLVM or nvcc contract the multiply and subtract.
 from __future__ import annotations
 
 import numpy as np
-from tvm import tirx
-from tvm.script import tirx as T
 
 from .. import interop
 from ..errors import BadParamError
 
+
 def fma_position(dtype: str):
     """position(coord, size) on the CPU: one fused multiply-add (size rounded to float as in
     mmcv), LLVM's llvm.fma intrinsic, which TVM's vectoriser keeps in vector form."""
+    from tvm import tirx  # here: the call path reads this module's checks without TVM
+
     assert dtype == "float32", dtype
 
     def position(coord, size):
@@ -32,6 +33,9 @@ def fma_position(dtype: str):
 def cuda_fma_position(dtype: str):
     """position(coord, size) on CUDA: one fused multiply-add (CUDA's __fmaf_rn), the same
     value as the CPU's fma_position."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
     assert dtype == "float32", dtype
 
     def position(coord, size):
@@ -53,6 +57,9 @@ def cell_macro(dtype: str, position):
     backward, a hand-written kernel, runs the same rule inline (its buffers are per thread).
     One buffer per value: a block writing a constant [0:2] region could not be computed at
     the consumer's loops."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
     zero, minus_one = tirx.const(0, dtype), tirx.const(-1, dtype)
 
     @T.macro
@@ -80,6 +87,9 @@ def cell_macro(dtype: str, position):
 def corner_of_cell_macro(dtype: str):
     """Corner k = (k // 2, k % 2) of a sample from its cell (cell_macro): rows = its value
     row (-1: unused), w = its bilinear weight; the rule's per-corner half."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
     zero, one = tirx.const(0, dtype), tirx.const(1, dtype)
 
     @T.macro
@@ -117,6 +127,9 @@ def block_corners_macro(dtype: str, queries: int, gradients: bool):
     from the position clamped into [-1, size] (finite, NaN included, so floor() -> int32
     cannot overflow) is the true cell wherever the test passes, rows are checked against
     [0, K) in int64."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
     one, minus_one, zero = tirx.const(1, dtype), tirx.const(-1, dtype), tirx.const(0, dtype)
     position = fma_position(dtype)
 

@@ -12,8 +12,6 @@ channel vectors too).
 
 from __future__ import annotations
 
-from tvm.script import tirx as T
-
 
 def plan_vector(model, knobs: dict) -> dict:
     """The plan of `knobs` with its `vector` (points or channels per vector step) a whole
@@ -27,12 +25,16 @@ def plan_vector(model, knobs: dict) -> dict:
 
 def vectors(N, lanes: int):
     """Extent of the vector loop for N points in vectors of `lanes`."""
+    from tvm.script import tirx as T  # here: the call path imports this module without TVM
+
     return T.ceildiv(N, lanes) if lanes > 1 else N
 
 
 def point(N, lanes: int, vector, lane):
     """The point of (vector, lane): vector * lanes + lane, the last vector ending at N. Lane
     invariant base + lane, so TVM's vectoriser sees a contiguous ramp."""
+    from tvm.script import tirx as T
+
     if lanes == 1:
         return vector
     return T.min(vector * lanes, N - lanes) + lane

@@ -61,14 +61,20 @@ from __future__ import annotations
 from ...errors import BadParamError
 from .. import cpu_ir
 from ..base import Operator
-from . import compute, schedule
-from .compute import CAST, CHANNEL_GROUP, SCATTER, TAIL
+
+SCATTER = "border_align_backward_scatter"
+TAIL = "border_align_backward_scatter_tail"
+CAST = "border_align_backward_cast"
+
+# C is split into C // 16 full groups (one AVX-512 float32 vector) and a tail of C % 16
+# channels with a kernel of its own: TVM 0.27 scalarises a predicated split of a symbolic
+# loop, and loop_partition refuses dynamic extents.
+CHANNEL_GROUP = 16
 
 
 class BorderAlignBackward(Operator):
     name = "border_align_backward"
     kernel_names = (SCATTER, TAIL, CAST)
-    recipe = schedule
 
     def rules(self, problem):
         s = problem.sizes
@@ -99,6 +105,8 @@ class BorderAlignBackward(Operator):
         return plan
 
     def computes(self, dtype, plan, model):
+        from . import compute
+
         return compute.computes(dtype, model.kind, plan, model.features())
 
     def workspaces(self, problem, plan):

@@ -24,15 +24,8 @@ from .. import cpu_ir, task_queue
 from ..border_align_sampling import sample_xy
 from ..point_vectors import scratch_scope
 from ..prefetch import prefetch_words
+from . import CAST, CHANNEL_GROUP, SCATTER, TAIL
 
-SCATTER = "border_align_backward_scatter"
-TAIL = "border_align_backward_scatter_tail"
-CAST = "border_align_backward_cast"
-
-# C is split into C // 16 full groups (one AVX-512 float32 vector) and a tail of C % 16
-# channels with a kernel of its own: TVM 0.27 scalarises a predicated split of a symbolic
-# loop, and loop_partition refuses dynamic extents.
-CHANNEL_GROUP = 16
 # corner_adds=per_sample computes the sample positions of a box 16 at a time
 SAMPLE_BLOCK_BITS = 4
 SAMPLE_BLOCK = 1 << SAMPLE_BLOCK_BITS

@@ -1,6 +1,6 @@
 """Schedule recipes for border_align_backward (knobs: schedules/border_align_backward.yaml)."""
 
-from .compute import CAST, SCATTER, TAIL
+from . import CAST, SCATTER, TAIL
 
 
 def llvm(sch, kernel, model, plan):

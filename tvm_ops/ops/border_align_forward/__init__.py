@@ -32,8 +32,8 @@ from ...errors import BadParamError
 from ..base import Operator
 from ..channels_last import channels_first, is_channels_first_view, rewritten, to_channels_last_compute
 from ..point_vectors import plan_vector
-from . import schedule
-from .compute import KERNELS, forward_compute, to_nhwc_compute
+
+KERNELS = ("border", "border_tail", "border_small", "to_channels_last", "to_nhwc")
 
 MAX_POOL_SIZE = 1024  # samples per border - 1: BorderDet uses 10
 
@@ -41,7 +41,6 @@ MAX_POOL_SIZE = 1024  # samples per border - 1: BorderDet uses 10
 class BorderAlignForward(Operator):
     name = "border_align_forward"
     kernel_names = KERNELS
-    recipe = schedule
 
     def rules(self, problem):
         s, op = problem.sizes, self.name
@@ -74,6 +73,8 @@ class BorderAlignForward(Operator):
         return plan_vector(model, knobs)
 
     def computes(self, dtype, plan, model):
+        from .compute import forward_compute, to_nhwc_compute
+
         if model.kind == "llvm":
             v = int(plan["vector"])
             borders = {f"border{suffix}": forward_compute(dtype, part, v)

@@ -24,8 +24,6 @@ from tvm.script import tirx as T
 
 from ..border_align_sampling import sample_xy
 
-KERNELS = ("border", "border_tail", "border_small", "to_channels_last", "to_nhwc")
-
 
 def _channel_loops(part: str, C, V: int):
     """(the two channel loops' extents, the channel of loop values (co, ci), whether (co, ci)

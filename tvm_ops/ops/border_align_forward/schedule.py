@@ -8,7 +8,7 @@ form, ops/channels_last.py), `to_nhwc` on CUDA."""
 
 from __future__ import annotations
 
-from .compute import KERNELS
+from . import KERNELS
 
 
 def llvm(sch, kernel, model, plan):

@@ -38,8 +38,6 @@ from ...interop import zero as _zero
 from .. import fixed_channels
 from ..base import Operator
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
-from . import schedule
-from .compute import kernel_computes, row_gather_computes, voxel_owner_computes
 
 
 def voxel_num_value(voxel_num):
@@ -77,7 +75,6 @@ class DynamicScatterBackward(Operator):
                     "max_unbucketed", "sum_rows", "mean_rows",
                     *fixed_channels.names("sum_rows", VOXEL_ENCODER_CHANNELS),
                     *fixed_channels.names("mean_rows", VOXEL_ENCODER_CHANNELS))
-    recipe = schedule
 
     # --- contract -----------------------------------------------------------
     def rules(self, problem):
@@ -109,6 +106,8 @@ class DynamicScatterBackward(Operator):
                 "max_owners": knobs["max_owners"], "prefetch_points": int(knobs["prefetch_points"])}
 
     def computes(self, dtype, plan, model):
+        from .compute import kernel_computes, row_gather_computes, voxel_owner_computes
+
         scatters = kernel_computes(dtype)
         if model.kind != "llvm":
             return scatters

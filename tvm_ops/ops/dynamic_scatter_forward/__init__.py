@@ -25,9 +25,27 @@ from .. import fixed_channels
 from ..base import Operator
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import plan_vector
-from . import schedule
-from .compute import (COARSE, FIXED_COLUMNS, GROUP_KERNELS, GROUP_SPLIT_LOOPS, KERNELS, RADIX_BITS, REDUCE_WIDTHS,
-                      SHARED_WORDS, SPLIT_PARTS, fill_computes, group_computes)
+
+RADIX_BITS = 14
+# the CPU's grouping also comes with D fixed (its per-point column loops unrolled: a third
+# faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
+FIXED_COLUMNS = (3, 4)
+# the two-part grouping (group_split): points cut in SPLIT_PARTS parts, the keys in as many
+# sides by the row's top COARSE_BITS bits; SHARED_WORDS words of shared state (compute.py)
+SPLIT_PARTS = 2
+GROUP_SPLIT_LOOPS = 5  # group_split's parallel regions (A, C, E, F, G in compute.py)
+COARSE_BITS = 10
+COARSE = 1 << COARSE_BITS
+SHARED_WORDS = 7
+GROUP_KERNELS = {"radix": tuple(f"{name}{d}" for name in ("group_rows", "group_split")
+                                for d in ("",) + tuple(f"_d{d}" for d in FIXED_COLUMNS)),
+                 "bitonic": ("bitonic_init", "bitonic_step", "bitonic_tile", "head_flags",
+                             "chunk_totals", "chunk_offsets", "chunk_scan", "segment_starts")}
+REDUCE_TYPES = ("max", "sum", "mean")
+REDUCE_WIDTHS = ("", "_lanes", "_small")  # channel vectors of the plan's width, the target's lanes, one
+FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}{w}" for r in REDUCE_TYPES for w in REDUCE_WIDTHS) \
+    + tuple(name for r in REDUCE_TYPES for name in fixed_channels.names(f"reduce_{r}_rows", VOXEL_ENCODER_CHANNELS))
+KERNELS = GROUP_KERNELS["radix"] + GROUP_KERNELS["bitonic"] + FILL_KERNELS
 
 SORTS = ("radix", "bitonic")  # the grouping plans (the knob `sort`)
 CHUNK = 256  # points per chunk of the bitonic plan's scan
@@ -48,7 +66,6 @@ def _reduces_whole_rows(problem) -> bool:
 class DynamicScatterForward(Operator):
     name = "dynamic_scatter_forward"
     kernel_names = KERNELS
-    recipe = schedule
     host_workspaces = ("count",)  # the voxel count; the others only kernels take
 
     def plan(self, model, knobs):
@@ -66,6 +83,8 @@ class DynamicScatterForward(Operator):
                     small_sort_keys=int(knobs["small_sort_keys"]), small_radix_bits=int(knobs["small_radix_bits"]))
 
     def computes(self, dtype, plan, model):
+        from .compute import fill_computes, group_computes
+
         grouping = GROUP_KERNELS[plan["sort"]]  # the plan's grouping kernels alone
         group = {name: func for name, func in group_computes(
             model.kind, int(plan["tile"]), int(plan.get("small_sort_keys", 0)),

@@ -76,36 +76,18 @@ from .. import fixed_channels
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import point, scratch_scope, vectors
 from ..prefetch import prefetch_words
+from . import (COARSE, COARSE_BITS, FIXED_COLUMNS, RADIX_BITS, REDUCE_TYPES, REDUCE_WIDTHS, SHARED_WORDS,
+               SPLIT_PARTS)
 
-RADIX_BITS = 14
 RADIX = 1 << RADIX_BITS
 INT_BITS = 31  # a coordinate of a kept point is a non-negative int32
 # a row whose columns' widths and its point index's add up to this packs into one int64 key
 KEY_BITS = 63
 KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index takes a bit at least)
-# the CPU's grouping also comes with D fixed (its per-point column loops unrolled: a third
-# faster at D = 3): MVXNet's (z, y, x) and mmdet3d's batched (b, z, y, x)
-FIXED_COLUMNS = (3, 4)
-# the two-part grouping (group_split): points cut in SPLIT_PARTS parts, the keys in as many
-# sides by the row's top COARSE_BITS bits; its small shared state: SHARED_WORDS words at
-# KEPT (kept points per part), SIDE0 (keys on side 0), SPLIT_BIN, VOXELS (per side),
-# PART0_SIDE0 (part 0's keys on side 0)
-SPLIT_PARTS = 2
-GROUP_SPLIT_LOOPS = 5  # group_split's parallel regions (A, C, E, F, G below)
-COARSE_BITS = 10
-COARSE = 1 << COARSE_BITS
+# group_split's small shared state (SHARED_WORDS words) at KEPT (kept points per part), SIDE0
+# (keys on side 0), SPLIT_BIN, VOXELS (per side), PART0_SIDE0 (part 0's keys on side 0)
 KEPT, SIDE0, SPLIT_BIN, VOXELS, PART0_SIDE0 = 0, 2, 3, 4, 6
-SHARED_WORDS = 7
 MAX_COLUMNS = 8  # group_split's columns at most (a part's maxima in registers); more: count -1
-GROUP_KERNELS = {"radix": tuple(f"{name}{d}" for name in ("group_rows", "group_split")
-                                for d in ("",) + tuple(f"_d{d}" for d in FIXED_COLUMNS)),
-                 "bitonic": ("bitonic_init", "bitonic_step", "bitonic_tile", "head_flags",
-                             "chunk_totals", "chunk_offsets", "chunk_scan", "segment_starts")}
-REDUCE_TYPES = ("max", "sum", "mean")
-REDUCE_WIDTHS = ("", "_lanes", "_small")  # channel vectors of the plan's width, the target's lanes, one
-FILL_KERNELS = ("voxel_rows", "point_map") + tuple(f"reduce_{r}{w}" for r in REDUCE_TYPES for w in REDUCE_WIDTHS) \
-    + tuple(name for r in REDUCE_TYPES for name in fixed_channels.names(f"reduce_{r}_rows", VOXEL_ENCODER_CHANNELS))
-KERNELS = GROUP_KERNELS["radix"] + GROUP_KERNELS["bitonic"] + FILL_KERNELS
 
 
 @T.macro(hygienic=False)

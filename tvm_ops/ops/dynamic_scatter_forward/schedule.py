@@ -10,7 +10,7 @@ one core: its random writes would share lines between cores), CUDA threads.
 
 from __future__ import annotations
 
-from .compute import GROUP_KERNELS, KERNELS
+from . import GROUP_KERNELS, KERNELS
 
 # (group_split's parts are parallel loops of its compute: the CPU's cores, serial on CUDA)
 SERIAL = {**{kernel: "group" for kernel in GROUP_KERNELS["radix"]}, "chunk_offsets": "offsets"}

@@ -61,8 +61,12 @@ from ... import host_buffers, policy, targets
 from ...errors import BadParamError
 from ..base import Operator
 from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, private_slice
-from . import schedule
-from .compute import IN_CACHE, KERNELS, cpu_backward_compute, cuda_backward_compute
+
+# *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see compute.cpu_backward_compute);
+# *_in_cache: compiled without prefetches, for calls whose tensors fit in the last-level cache
+CPU_KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
+IN_CACHE = "_in_cache"
+KERNELS = CPU_KERNELS + tuple(name + IN_CACHE for name in CPU_KERNELS)
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
@@ -91,7 +95,6 @@ def tensors_in_cache(spec, problem) -> bool:
 class MsDeformAttnBackward(LevelChecks, Operator):
     name = "ms_deform_attn_backward"
     kernel_names = KERNELS  # CUDA builds `backward` alone
-    recipe = schedule
 
     def rules(self, problem):
         super().rules(problem)
@@ -116,6 +119,8 @@ class MsDeformAttnBackward(LevelChecks, Operator):
         return plan
 
     def computes(self, dtype, plan, model):
+        from .compute import cpu_backward_compute, cuda_backward_compute
+
         if model.kind == "llvm":
             fixed = int(plan["fixed_c"])  # 0: no specialisation, no _fixed_c kernels (launch runs none)
             prefetch = int(plan["prefetch"])  # 0: no *_in_cache kernels either (the same code)

@@ -28,13 +28,6 @@ from .. import task_queue
 from ..ms_deform_attn_sampling import block_corners_macro, cuda_fma_position
 from ..prefetch import prefetch_words
 
-# *_fixed_c: the same kernels with C compiled in (plan "fixed_c"; see cpu_backward_compute);
-# *_in_cache: compiled without prefetches, for calls whose tensors fit in the last-level cache
-CPU_KERNELS = ("backward", "backward_private", "backward_fixed_c", "backward_private_fixed_c")
-IN_CACHE = "_in_cache"
-KERNELS = CPU_KERNELS + tuple(name + IN_CACHE for name in CPU_KERNELS)
-
-
 # rows ahead that the private kernel's slice copy and write-back prefetch
 SLICE_ROWS_AHEAD = 16
 

@@ -8,7 +8,7 @@ neither recipe has anything to apply. CUDA builds `backward` alone.
 
 from __future__ import annotations
 
-from .compute import KERNELS
+from . import KERNELS
 
 
 def llvm(sch, kernel, model, plan):

@@ -32,8 +32,10 @@ from __future__ import annotations
 from ... import policy
 from ..base import Operator
 from ..ms_deform_attn_sampling import LevelChecks, cpu_kernel_name, cuda_fma_position, private_slice
-from . import schedule
-from .compute import KERNELS, cpu_forward_compute, forward_compute
+
+# *_private: gather from a contiguous copy of the (batch, head) slice (CPU; on CUDA the same
+# kernel); *_fixed_c: C compiled in (plan "fixed_c")
+KERNELS = ("forward", "forward_private", "forward_fixed_c", "forward_private_fixed_c")
 
 
 def policy_llvm(sizes: dict, plan: dict) -> bool:
@@ -49,7 +51,6 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
 class MsDeformAttnForward(LevelChecks, Operator):
     name = "ms_deform_attn_forward"
     kernel_names = KERNELS
-    recipe = schedule
 
     def plan(self, model, knobs):
         """mlu-ops splits B*Q*H evenly over taskDim; here a CPU task is a (b, h) slice (its
@@ -62,6 +63,8 @@ class MsDeformAttnForward(LevelChecks, Operator):
         return plan
 
     def computes(self, dtype, plan, model):
+        from .compute import cpu_forward_compute, forward_compute
+
         if model.kind == "llvm":
             fixed = int(plan["fixed_c"])  # 0: no specialisation, no _fixed_c kernels (launch runs none)
             return {name: cpu_forward_compute(dtype, plan["lanes"], "_private" in name, int(plan["query_block"]),

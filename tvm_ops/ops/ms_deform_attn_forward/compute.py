@@ -41,11 +41,6 @@ from tvm.script import tirx as T
 from ..ms_deform_attn_sampling import block_corners_macro, cell_macro, corner_of_cell_macro
 
 
-# *_private: gather from a contiguous copy of the (batch, head) slice (CPU; on CUDA the same
-# kernel); *_fixed_c: C compiled in (plan "fixed_c")
-KERNELS = ("forward", "forward_private", "forward_fixed_c", "forward_private_fixed_c")
-
-
 def forward_compute(dtype: str, position, channels: int | None = None):
     """The forward with sampling positions by `position` (CUDA: cuda_fma_position)."""
     zero = tirx.const(0, dtype)

@@ -9,7 +9,7 @@ them.
 
 from __future__ import annotations
 
-from .compute import KERNELS
+from . import KERNELS
 
 
 def llvm(sch, kernel, model, plan):

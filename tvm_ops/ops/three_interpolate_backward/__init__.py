@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from ... import policy
 from ..base import Operator
-from . import schedule
-from .compute import (CAST, KERNELS, OWNER_KERNELS, SCATTER, cast_compute, scatter_compute, tiled_compute,
-                      transposed_compute)
+
+# the owners (wide, one vector, narrow), then CUDA's atomic scatter and its float16 rounding
+OWNER_KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow")
+SCATTER, CAST = "three_interpolate_backward_scatter", "three_interpolate_backward_cast"
+KERNELS = OWNER_KERNELS + (SCATTER, CAST)
 
 WIDE_SHARE = 4  # measured: docs/kernels/three_interpolate_backward.md
 
@@ -47,7 +49,6 @@ def cpu_kernel(sizes: dict, plan: dict) -> str:
 class ThreeInterpolateBackward(Operator):
     name = "three_interpolate_backward"
     kernel_names = KERNELS
-    recipe = schedule  # the per-target recipes (schedule.llvm, schedule.cuda)
 
     def plan(self, model, knobs):
         """The seed's policy (../shared/seeds/three_interpolate_backward.md, 3.3), step by step."""
@@ -78,6 +79,8 @@ class ThreeInterpolateBackward(Operator):
         return plan
 
     def computes(self, dtype, plan, model):
+        from .compute import cast_compute, scatter_compute, tiled_compute, transposed_compute
+
         wide, vector, narrow = OWNER_KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
         kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}

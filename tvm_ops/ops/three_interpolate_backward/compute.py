@@ -15,11 +15,6 @@ from tvm.script import tirx as T
 
 from ..lane_transpose import transpose_macro
 
-# the owners (wide, one vector, narrow), then CUDA's atomic scatter and its float16 rounding
-OWNER_KERNELS = ("three_interpolate_backward", "three_interpolate_backward_vector", "three_interpolate_backward_narrow")
-SCATTER, CAST = "three_interpolate_backward_scatter", "three_interpolate_backward_cast"
-KERNELS = OWNER_KERNELS + (SCATTER, CAST)
-
 
 def scatter_compute(dtype: str, name: str):
     """acc[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k] (in float32) for

@@ -2,7 +2,7 @@
 
 
 from ..atomics import atomicize
-from .compute import CAST, KERNELS, SCATTER
+from . import CAST, KERNELS, SCATTER
 
 
 def llvm(sch, kernel, model, plan):

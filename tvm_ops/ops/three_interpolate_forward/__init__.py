@@ -35,14 +35,13 @@ from __future__ import annotations
 
 from ..base import Operator
 from ..point_vectors import plan_vector
-from . import schedule
-from .compute import KERNELS, forward_compute, gather_compute, tiles_compute
+
+KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small", "three_interpolate_forward_tiles")
 
 
 class ThreeInterpolateForward(Operator):
     name = "three_interpolate_forward"
     kernel_names = KERNELS
-    recipe = schedule
 
     def plan(self, model, knobs):
         """mlu-ops would split B * C over taskDim; here a CPU task is a (batch, channel block)
@@ -54,6 +53,8 @@ class ThreeInterpolateForward(Operator):
         return plan
 
     def computes(self, dtype, plan, model):
+        from .compute import forward_compute, gather_compute, tiles_compute
+
         portable = forward_compute(dtype, 1)
         if model.kind != "llvm":  # CUDA: a thread per output element, one kernel
             return {KERNELS[0]: portable}

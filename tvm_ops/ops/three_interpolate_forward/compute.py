@@ -19,8 +19,6 @@ from tvm.script import tirx as T
 from ..lane_transpose import transpose_macro
 from ..point_vectors import point, scratch_scope, vectors
 
-KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small", "three_interpolate_forward_tiles")
-
 
 def _clamped(i, M):
     """Index i clamped into a row of M features: a load through it never leaves the row."""

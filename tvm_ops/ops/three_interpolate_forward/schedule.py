@@ -7,7 +7,8 @@ three are the same compute; launch runs the second."""
 
 from __future__ import annotations
 
-from .compute import KERNELS, gather_ir
+from . import KERNELS
+from .compute import gather_ir
 
 
 def llvm(sch, kernel, model, plan):

@@ -24,14 +24,13 @@ from __future__ import annotations
 from ...errors import BadParamError
 from ..base import Operator
 from ..point_vectors import plan_vector
-from . import schedule
-from .compute import KERNELS, nn_compute
+
+KERNELS = ("three_nn", "three_nn_small")
 
 
 class ThreeNN(Operator):
     name = "three_nn"
     kernel_names = KERNELS
-    recipe = schedule
 
     def rules(self, problem):
         m = problem.sizes["M"]
@@ -46,6 +45,8 @@ class ThreeNN(Operator):
         return plan_vector(model, knobs)
 
     def computes(self, dtype, plan, model):
+        from .compute import nn_compute
+
         if model.kind != "llvm":  # a thread per point: one kernel
             return {"three_nn": nn_compute(dtype, 1, model.kind)}
         return {"three_nn": nn_compute(dtype, int(plan["vector"]), model.kind),

@@ -29,7 +29,6 @@ from tvm.script import tirx as T
 
 from ..point_vectors import point, scratch_scope, vectors
 
-KERNELS = ("three_nn", "three_nn_small")
 NO_INDEX = -1  # the index of a slot no known point reached (NaN / inf distances only)
 
 

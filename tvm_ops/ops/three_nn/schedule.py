@@ -5,7 +5,7 @@ and, on the CPU, `three_nn_small` (N below the vector: one point at a time)."""
 
 from __future__ import annotations
 
-from .compute import KERNELS
+from . import KERNELS
 
 
 def llvm(sch, kernel, model, plan):

@@ -27,14 +27,15 @@ from __future__ import annotations
 from ... import policy
 from .. import fixed_channels
 from ..base import Operator
+from ...host_buffers import LINE_BYTES
 from ..channels_last import is_channels_first_view, rewritten, to_channels_last_compute
-from . import compute, schedule
+
+LINE_WORDS = LINE_BYTES // 4  # float32 words of a cache line
 
 
 class VoxelPoolingBackward(Operator):
     name = "voxel_pooling_backward"
     kernel_names = ("to_channels_last", "gather", *fixed_channels.names("gather"))
-    recipe = schedule
 
     def rules(self, problem):
         # the gradient of functional.voxel_pooling's [B, C, Y, X] view arrives as a [B, Y, X, C]
@@ -61,11 +62,13 @@ class VoxelPoolingBackward(Operator):
         pol = policy.for_target(model)
         if model.kind == "cuda":
             return {"threads": int(knobs["threads"])}
-        registers = max(1, compute.LINE_WORDS // pol.lanes)
+        registers = max(1, LINE_WORDS // pol.lanes)
         return {"vec": pol.vector(registers), "task_points": int(knobs["task_points"]), "stream": bool(knobs["stream"]),
                 "prefetch_points": int(knobs["prefetch_points"]), "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
+        from . import compute
+
         kernels = compute.computes(dtype, plan, model.kind)
         if model.kind == "llvm":
             kernels["to_channels_last"] = to_channels_last_compute(dtype, model.lanes("float32"))

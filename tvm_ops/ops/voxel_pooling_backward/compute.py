@@ -12,9 +12,7 @@ from tvm.script import tirx as T
 
 from .. import cpu_ir, fixed_channels
 from ..prefetch import prefetch_words
-from ...host_buffers import LINE_BYTES
-
-LINE_WORDS = LINE_BYTES // 4  # float32 words of a cache line
+from . import LINE_WORDS
 
 
 def streams(V: int, stream: bool) -> bool:

@@ -36,7 +36,10 @@ from ... import policy
 from ...errors import BadParamError
 from .. import fixed_channels
 from ..base import Operator
-from . import compute, schedule
+
+CUDA_LANES = 32
+# the CPU's pool kernels (first-touch or not) and their fixed-channel copies
+POOLS = ("pool", "pool_first_touch", *fixed_channels.names("pool"), *fixed_channels.names("pool_first_touch"))
 
 
 def row_bands(sizes: dict, plan: dict) -> int:
@@ -68,8 +71,7 @@ def first_touch(sizes: dict, plan: dict) -> bool:
 
 class VoxelPoolingForward(Operator):
     name = "voxel_pooling_forward"
-    kernel_names = ("pos_memo", *compute.POOLS, "sort_points", "segment_sum")
-    recipe = schedule
+    kernel_names = ("pos_memo", *POOLS, "sort_points", "segment_sum")
 
     def plan(self, model, knobs):
         """The seed's policy (../shared/seeds/voxel_pooling_forward.md, 3.1), step by step.
@@ -81,7 +83,7 @@ class VoxelPoolingForward(Operator):
             # a warp per `points_per_warp` points, `threads` per block; `memo_threads` over
             # pos_memo's points
             pol.warps(int(knobs["threads"]))
-            return {"vec": compute.CUDA_LANES, "threads": int(knobs["threads"]),
+            return {"vec": CUDA_LANES, "threads": int(knobs["threads"]),
                     "memo_threads": int(knobs["memo_threads"]), "points_per_warp": int(knobs["points_per_warp"])}
         # task split: a task owns a batch x one of R bands of its output rows; R = row_bands(),
         # "auto" = ceil(taskDim / B) at launch
@@ -98,6 +100,8 @@ class VoxelPoolingForward(Operator):
                 "memo_chunk": int(knobs["memo_chunk"]), "prefetch_rows": int(knobs["prefetch_rows"])}
 
     def computes(self, dtype, plan, model):
+        from . import compute
+
         if model.kind == "cuda":
             return compute.cuda_computes(dtype, plan["vec"])
         return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"),

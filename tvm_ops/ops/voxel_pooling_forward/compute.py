@@ -14,10 +14,6 @@ from tvm.script import tirx as T
 from .. import fixed_channels
 from ..prefetch import prefetch_words
 
-CUDA_LANES = 32
-# the CPU's pool kernels (first-touch or not) and their fixed-channel copies
-POOLS = ("pool", "pool_first_touch", *fixed_channels.names("pool"), *fixed_channels.names("pool_first_touch"))
-
 
 def _pos_memo_cuda():
     """CUDA's pos_memo: an element (batch, point, coordinate) per thread (schedule.cuda)."""
