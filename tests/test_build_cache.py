@@ -85,6 +85,36 @@ def test_a_built_library_is_called_without_importing_tvm(tmp_path):
     assert child_report(tmp_path) == (0, False)
 
 
+# a process that ran a built library without TVM, then builds another (importing TVM), then
+# runs both: the runtime library TVM loads is the one already loaded
+BUILD_AFTER_A_CALL = """
+import sys, numpy as np, tvm_ops
+rng = np.random.default_rng(1)
+features = rng.uniform(-1, 1, (2, 5, 4))
+idx = rng.integers(0, 4, (2, 20, 3)).astype(np.int32)
+w = rng.uniform(0, 1, (2, 20, 3))
+ref = np.einsum("bcnk,bnk->bcn", features[np.arange(2)[:, None, None], :, idx].transpose(0, 3, 1, 2), w)
+def call(dtype):
+    out = tvm_ops.three_interpolate_forward(features.astype(dtype), idx, w.astype(dtype))
+    assert np.allclose(out, ref, rtol=1e-2, atol=1e-2), dtype
+call(np.float32)
+assert "tvm" not in sys.modules, "the built library's call imported TVM"
+call(np.float16)  # not built yet: compiles
+assert "tvm" in sys.modules
+call(np.float32)
+call(np.float16)
+print("ok")
+"""
+
+
+def test_a_process_that_called_without_tvm_builds_and_runs_more(tmp_path):
+    assert child_report(tmp_path) == (1, True)  # builds the float32 library
+    env = dict(os.environ, TVM_OPS_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", BUILD_AFTER_A_CALL], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry",
                                     "a_file_in_its_place", "a_dangling_link", "no_kernels_listed", "kernels_empty",
                                     "kernels_not_a_list", "another_plan"])

@@ -400,8 +400,9 @@ class Kernels(dict):
 
 def load(entry: Path, op) -> Kernels:
     """The kernels of a built library directory, with the plan recorded in its manifest."""
-    lib = runtime_library.load_module(entry / "lib.so")
     info = manifest(entry)
+    # a CUDA library's device code needs TVM's CUDA runtime, which importing TVM loads
+    lib = runtime_library.load_module(entry / "lib.so", cpu_only=not str(info.get("target", "")).startswith("cuda"))
     try:
         kernels = Kernels({name: lib[name] for name in info["kernels"]})
     except AttributeError as exc:  # a build whose sources changed while it ran

@@ -35,9 +35,10 @@ def _runtime_loaded() -> bool:
     return True
 
 
-def load_module(path: Path):
-    """The tvm_ffi Module of the shared library at `path`."""
-    if "tvm" in sys.modules or not _runtime_loaded():
+def load_module(path: Path, cpu_only: bool):
+    """The tvm_ffi Module of the shared library at `path`; `cpu_only`: it holds CPU code alone
+    (a CUDA library's device code needs TVM's CUDA runtime, which importing TVM loads)."""
+    if not cpu_only or "tvm" in sys.modules or not _runtime_loaded():
         import tvm
 
         return tvm.runtime.load_module(str(path))

@@ -1,7 +1,8 @@
 """The operator registry: NAMES lists every operator, one folder each under tvm_ops/ops/.
 
-An operator's folder holds its public function and Operator (`__init__.py`), its
-TensorIR (`compute.py`) and its per-target schedule recipes (`schedule.py`); its
+An operator's folder holds its public function, Operator and kernel names (`__init__.py`),
+its TensorIR (`compute.py`) and its per-target schedule recipes (`schedule.py`), these two
+imported only to build (they import TVM's compiler, which a call does not need); its
 contract and schedule knobs are the package data specs/<op>.yaml and
 schedules/<op>.yaml, its testing material tvm_ops/testing/<op>.py.
 """
@@ -26,7 +27,7 @@ NAMES = (
 
 
 def module(name: str):
-    """The operator's package (imports TVM); BadParamError for an unknown name."""
+    """The operator's package; BadParamError for an unknown name."""
     if name not in NAMES:
         from ..errors import BadParamError
 
