@@ -82,6 +82,7 @@ def store(cpu: str, features, lacking) -> None:
     if path is None:
         return
     record = {"cpu": cpu, "features": sorted(features), "lacking": sorted(lacking)}
+    staged = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as staged:
@@ -89,3 +90,5 @@ def store(cpu: str, features, lacking) -> None:
         os.replace(staged.name, path)  # whole or not at all, for processes starting beside this one
     except OSError as exc:
         log.debug("cannot keep the host's CPU description in %s: %s", path, exc)
+        if staged is not None:
+            Path(staged.name).unlink(missing_ok=True)
