@@ -12,6 +12,7 @@ masked (a virtual machine's), has another key and is asked of LLVM again. Withou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ IDENTITY_KEYS = ("vendor_id", "cpu family", "model", "model name", "stepping", "
                  "CPU architecture", "CPU variant", "CPU part", "CPU revision", "Features")
 
 
+@functools.cache  # read per library key and host lookup; fixed for the process
 def tvm_version() -> str:
     """TVM's version without importing it (its installed distribution's; else the package's)."""
     try:
