@@ -31,25 +31,30 @@ def test_a_damaged_record_is_ignored_and_a_stored_one_read_back(tmp_path, monkey
     monkeypatch.setattr(host_record, "_path", lambda: path)
     assert host_record.load() is None  # none yet
     path.parent.mkdir()
-    for damaged in ("", "not json", "[]", '{"cpu": 1, "features": [], "lacking": []}', '{"cpu": "x"}'):
+    for damaged in ("", "not json", "[]", '{"cpu": 1, "features": [], "host": {}}', '{"cpu": "x"}',
+                    '{"cpu": "x", "features": [], "host": {"avx2": 1}}'):
         path.write_text(damaged)
         assert host_record.load() is None, damaged
-    host_record.store("znver9", {"avx2", "sse2"}, ("pku",))
-    assert host_record.load() == {"cpu": "znver9", "features": ["avx2", "sse2"], "lacking": ["pku"]}
+    host_record.store("znver9", {"avx2", "sse2"}, {"avx2": True, "pku": False})
+    assert host_record.load() == {"cpu": "znver9", "features": ["avx2", "sse2"],
+                                  "host": {"avx2": True, "pku": False}}
 
 
 def test_the_kept_host_model_is_llvms(tmp_path, monkeypatch):
     # a fresh cache asks TVM's LLVM and keeps its answers; read back, they make the same model
     monkeypatch.setenv("TVM_OPS_CACHE_DIR", str(tmp_path))
-    targets.host_cpu.cache_clear()
-    targets._llvm_features.cache_clear()
+    cached = (targets.host_cpu, targets._llvm_features, targets._host_features)
+    for function in cached:
+        function.cache_clear()
     try:
         asked = targets.host_cpu()
         record = host_record.load()
-        assert record is not None and record["cpu"] == asked.cpu and tuple(record["lacking"]) == asked.disabled
-        assert frozenset(record["features"]) - frozenset(record["lacking"]) == asked.features()
-        targets.host_cpu.cache_clear()
+        assert record is not None and record["cpu"] == asked.cpu
+        assert tuple(targets._absent(record["features"], record["host"])) == asked.disabled
+        assert frozenset(record["features"]) - frozenset(asked.disabled) == asked.features()
+        for function in cached:
+            function.cache_clear()
         assert dataclasses.asdict(targets.host_cpu()) == dataclasses.asdict(asked)
     finally:
-        targets.host_cpu.cache_clear()
-        targets._llvm_features.cache_clear()
+        for function in cached:
+            function.cache_clear()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -27,7 +28,6 @@ import platform
 import shutil
 import tempfile
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -1,7 +1,7 @@
 """This host's CPU as TVM's LLVM names it, remembered on disk.
 
-Which -mcpu this machine is, the features LLVM gives that CPU and those the machine lacks
-are asked of TVM's LLVM, which lives in TVM's compiler: importing TVM's Python package for
+Which -mcpu this machine is, the features LLVM gives that CPU and those the machine has by
+CPUID (the model is built without the others) are asked of TVM's LLVM, which lives in TVM's compiler: importing TVM's Python package for
 it costs a process ~1 s (and ~150 MB). A call of an already built library needs none of
 the compiler, so the answers are kept in the cache directory, one file per CPU: keyed by
 what /proc/cpuinfo says of the first CPU (vendor, family, model, stepping, feature flags),
@@ -57,33 +57,40 @@ def _identity(cpuinfo: str) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _path() -> Path | None:
+@functools.cache  # the CPU a process runs on does not change
+def _this_cpu() -> str | None:
     try:
-        identity = _identity(Path("/proc/cpuinfo").read_text())
+        return _identity(Path("/proc/cpuinfo").read_text())
     except OSError:
         return None
+
+
+def _path() -> Path | None:
+    identity = _this_cpu()
     return None if identity is None else paths.cache_dir() / "hosts" / f"{identity}.json"
 
 
 def load() -> dict | None:
-    """{"cpu", "features", "lacking"} kept for this CPU, or None."""
+    """{"cpu": LLVM's name of this CPU, "features": LLVM's features of that name, "host":
+    {feature: whether this machine has it by CPUID}} kept for this CPU, or None."""
     path = _path()
     try:
         record = json.loads(path.read_text()) if path is not None else None
     except (OSError, ValueError):
         return None
     if not (isinstance(record, dict) and isinstance(record.get("cpu"), str)
-            and all(isinstance(record.get(k), list) for k in ("features", "lacking"))):
+            and isinstance(record.get("features"), list) and isinstance(record.get("host"), dict)
+            and all(isinstance(present, bool) for present in record["host"].values())):
         return None
     return record
 
 
-def store(cpu: str, features, lacking) -> None:
+def store(cpu: str, features, host: dict) -> None:
     """Keep LLVM's answers for this CPU (best effort: a cache that cannot be written keeps nothing)."""
     path = _path()
     if path is None:
         return
-    record = {"cpu": cpu, "features": sorted(features), "lacking": sorted(lacking)}
+    record = {"cpu": cpu, "features": sorted(features), "host": host}
     staged = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

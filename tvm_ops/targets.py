@@ -201,13 +201,13 @@ def host_cpu() -> TargetModel:
     os.environ.setdefault("TVM_NUM_THREADS", str(cores))
     known = host_record.load()
     if known is not None:
-        cpu, disabled = known["cpu"], tuple(known["lacking"])
+        cpu = known["cpu"]
     else:
         import tvm
 
         cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")()
-        disabled = lacking_features(cpu, _host_features())
-        host_record.store(cpu, _llvm_features("", cpu), disabled)
+        host_record.store(cpu, _llvm_features("", cpu), _host_features())
+    disabled = lacking_features(cpu, _host_features())
     return TargetModel("llvm", cpu, "", cores, _read_l2_bytes(), _read_vector_bytes(), "", disabled)
 
 
@@ -215,6 +215,9 @@ def host_cpu() -> TargetModel:
 def _host_features() -> dict:
     """{LLVM feature: whether this machine's CPU has it (CPUID; read once, the checked path of
     every new call signature asks it)}."""
+    known = host_record.load()  # kept with the host's CPU name: no TVM
+    if known is not None:
+        return known["host"]
     import tvm
 
     # Python bools: TVM's values are IntImm, whose truth test costs ~0.15 us, and the
@@ -358,9 +361,6 @@ def missing_features(model: TargetModel) -> list[str]:
 def _missing_features(model: TargetModel) -> tuple:
     if model.mtriple and triple_arch(model.mtriple) != platform.machine():
         return (triple_arch(model.mtriple),)
-    host = host_cpu()
-    if not model.mtriple and model.cpu == host.cpu and set(host.disabled) <= set(model.disabled):
-        return ()  # the host's CPU built without what it lacks: nothing to ask of CPUID
     return tuple(_absent(model.features(), _host_features()))
 
 
