@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 import tvm_ops.functional as tf  # noqa: E402
 from tvm_ops import custom_ops  # noqa: E402
 
-from .conftest import torch_devices  # noqa: E402
+from .conftest import assert_compiles_alike, torch_devices  # noqa: E402
 
 
 class Untouched(TorchFunctionMode):
@@ -22,45 +22,52 @@ class Untouched(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def three_interpolate_call(g, device):
+# Each call's floating inputs pass through `cast` when it runs (a differentiable dtype change,
+# as a model's lower-precision activations reach an op): by default none.
+def as_is(tensor):
+    return tensor
+
+
+def three_interpolate_call(g, device, cast=as_is):
     features = torch.randn(2, 5, 7, generator=g).to(device).requires_grad_()
     indices = torch.randint(-1, 8, (2, 4, 3), generator=g, dtype=torch.int32).to(device)
     weight = torch.rand(2, 4, 3, generator=g).to(device)
-    return lambda: (tf.three_interpolate(features, indices, weight),), (features,)
+    return lambda: (tf.three_interpolate(cast(features), indices, cast(weight)),), (features,)
 
 
-def three_nn_call(g, device):
+def three_nn_call(g, device, cast=as_is):
     unknown, known = (torch.randint(-64, 65, (2, n, 3), generator=g).float().div(32).to(device) for n in (6, 5))
-    return lambda: tf.three_nn(unknown, known), ()
+    return lambda: tf.three_nn(cast(unknown), cast(known)), ()
 
 
-def ms_deform_attn_call(g, device):
+def ms_deform_attn_call(g, device, cast=as_is):
     shapes, starts = torch.tensor([[3, 4], [2, 2]], device=device), torch.tensor([0, 12], device=device)
     value = torch.randn(1, 16, 2, 3, generator=g).to(device).requires_grad_()
     locations = (torch.rand(1, 2, 2, 2, 2, 2, generator=g) * 1.2 - 0.1).to(device).requires_grad_()
     weights = torch.rand(1, 2, 2, 2, 2, generator=g).to(device).requires_grad_()
-    return lambda: (tf.ms_deform_attn(value, shapes, starts, locations, weights),), (value, locations, weights)
+    return (lambda: (tf.ms_deform_attn(cast(value), shapes, starts, cast(locations), cast(weights)),),
+            (value, locations, weights))
 
 
-def border_align_call(g, device):
+def border_align_call(g, device, cast=as_is):
     features = torch.randn(1, 8, 3, 4, generator=g).to(device).requires_grad_()
     centre = torch.rand(1, 12, 2, generator=g) * 3
     boxes = torch.cat([centre, centre + torch.rand(1, 12, 2, generator=g) * 2 + 0.5], -1).to(device)
-    return lambda: (tf.border_align(features, boxes, 2),), (features,)
+    return lambda: (tf.border_align(cast(features), cast(boxes), 2),), (features,)
 
 
-def voxel_pooling_call(g, device):
+def voxel_pooling_call(g, device, cast=as_is):
     geom = torch.stack([torch.randint(-1, 5, (1, 10), generator=g), torch.randint(-1, 4, (1, 10), generator=g),
                         torch.randint(0, 2, (1, 10), generator=g)], -1).int().to(device)
     features = torch.randn(1, 10, 5, generator=g).to(device).requires_grad_()
-    return lambda: (tf.voxel_pooling(geom, features, (4, 3, 1)),), (features,)
+    return lambda: (tf.voxel_pooling(geom, cast(features), (4, 3, 1)),), (features,)
 
 
 def dynamic_scatter_call(reduce_type):
-    def call(g, device):
+    def call(g, device, cast=as_is):
         feats = torch.randn(12, 4, generator=g).to(device).requires_grad_()
         coors = torch.randint(-1, 3, (12, 3), generator=g, dtype=torch.int32).to(device)
-        return lambda: tf.dynamic_scatter(feats, coors, reduce_type), (feats,)
+        return lambda: tf.dynamic_scatter(cast(feats), coors, reduce_type), (feats,)
 
     return call
 
@@ -187,3 +194,48 @@ def test_a_second_derivative_is_refused_as_the_custom_op_refuses_it(monkeypatch)
             grad.sum().backward()
         messages.append(str(refused.value))
     assert messages[0] == messages[1]
+
+
+# --- torch.autocast: every op runs in float32 -------------------------------------------------
+
+
+@pytest.mark.parametrize("device", torch_devices())
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", CALLS)
+def test_under_autocast_an_op_runs_in_float32_on_its_inputs_values(name, low, device):
+    """Mixed-precision training: lower-precision inputs, the backward inside autocast too (as
+    many training loops run it); the outputs and gradients, bit for bit, of the same call on
+    the inputs' values in float32 outside autocast (float32 outputs, gradients through the casts)."""
+    call, leaves = CALLS[name](torch.Generator().manual_seed(8), device, cast=lambda t: t.to(low))
+    with torch.autocast(device, dtype=low):
+        mixed = outputs_and_gradients(call, leaves)
+    call, leaves = CALLS[name](torch.Generator().manual_seed(8), device, cast=lambda t: t.to(low).float())
+    widened = outputs_and_gradients(call, leaves)
+    for mine, theirs in zip(mixed[0] + mixed[1], widened[0] + widened[1], strict=True):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+    assert len(mixed[1]) == len(leaves)
+
+
+def test_every_op_has_its_float32_autocast_rule_for_the_cpu_and_for_gpus():
+    ops = [value.name for value in vars(tf).values() if isinstance(value, custom_ops.CustomOp)]
+    assert len(ops) == 11  # the six functions' forward ops, the backward ops of five (not three_nn)
+    for name in ops:
+        for key in ("AutocastCPU", "AutocastCUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
+
+
+def test_a_model_compiled_under_autocast_gives_its_eager_outputs_and_gradients():
+    class Propagation(torch.nn.Module):  # a float32 weight meets a bfloat16 activation
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(7, 7)
+
+        def forward(self, features, indices, weight):
+            return tf.three_interpolate(self.linear(features), indices, weight)
+
+    g = torch.Generator().manual_seed(9)
+    model = Propagation()
+    inputs = (torch.randn(2, 5, 7, generator=g), torch.randint(-1, 8, (2, 4, 3), generator=g, dtype=torch.int32),
+              torch.rand(2, 4, 3, generator=g))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert_compiles_alike(model, inputs)

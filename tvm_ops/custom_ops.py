@@ -11,6 +11,14 @@ CPU or a GPU, made outside all of the above -- straight to the op's implementati
 a torch.autograd.Function built from the op's own setup_context and backward formula when a
 tensor requires grad (what the custom op's autograd runs), else as a function call. Any
 other call goes through the custom op.
+
+Under torch.autocast (mixed-precision training, on the CPU or a GPU, float16 or bfloat16)
+every op runs in float32: its autocast rule casts the floating inputs to float32 and its
+outputs are float32, torch's rule for the ops it keeps in float32 and what BEVFormer's
+MultiScaleDeformableAttnFunction_fp32 does. These ops sum many products (scatters,
+interpolations), most have float32 kernels only, and a model's float32 inputs (weights from
+three_nn, boxes, sampling locations) meet its lower-precision activations there, a call
+the dtype checks would otherwise refuse.
 """
 
 from __future__ import annotations
@@ -33,14 +41,17 @@ def _torch_probe(name: str):
 _FUNCTION_MODE_ON = _torch_probe("_is_torch_function_mode_enabled")  # torch.device contexts too
 _FUNCTORCH_ON = _torch_probe("_are_functorch_transforms_active")  # vmap, torch.func.grad, jvp
 _PROFILER_ON = _torch_probe("_autograd._profiler_enabled")  # the profiler names the op
+_AUTOCAST_ON = _torch_probe("_is_any_autocast_enabled")  # the autocast rule casts the inputs
+# the device types whose autocast gets the float32 rule (a CPU-only torch has CUDA's too)
+AUTOCAST_DEVICES = tuple(device for device in ("cpu", "cuda") if torch.amp.is_autocast_available(device))
 
 
 def plain_context() -> bool:
     """Whether calls made now need nothing of a custom op but its implementation and autograd
     formula: no tracing or compiling, no dispatch mode (fake tensors, flop counters) or
-    function mode, no functorch transform, no profiler."""
+    function mode, no functorch transform, no profiler, no autocast."""
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode()
-                or _FUNCTION_MODE_ON() or _FUNCTORCH_ON() or _PROFILER_ON())
+                or _FUNCTION_MODE_ON() or _FUNCTORCH_ON() or _PROFILER_ON() or _AUTOCAST_ON())
 
 
 class CustomOp:
@@ -49,6 +60,8 @@ class CustomOp:
     def __init__(self, name: str, implementation):
         self.name = name
         self.op = torch.library.custom_op(name, mutates_args=())(implementation)
+        for device in AUTOCAST_DEVICES:
+            self.op.register_autocast(device, torch.float32)
         self.implementation = implementation
         self.function = None  # the torch.autograd.Function of a plain call, once registered
         self.register_fake = self.op.register_fake
