@@ -373,6 +373,30 @@ def test_out_with_matching_height_and_width():
     check(out, go, bx, am, 10, 3, 4)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n, h, w, c", [(2, 3, 4, 6), (1, 5, 7, 19), (2, 9, 11, 40)])
+def test_out_as_a_channels_first_view_gets_the_same_bits(n, h, w, c, dtype):
+    """[N, H, W, 4C] of contiguous [N, 4C, H, W] memory (an NCHW map's layout): the contiguous
+    call's values in it, nothing written around it."""
+    go, bx, am = inputs(n, h, w, c, 10, dtype, "partly_outside", spill=2, seed=c)
+    expected = tvm_ops.border_align_backward(go, bx, am, 10, height=h, width=w)
+    memory = np.full((n, 4 * c, h, w), np.nan, dtype)
+    result = tvm_ops.border_align_backward(go, bx, am, 10, out=memory.transpose(0, 2, 3, 1))
+    assert result.shape == expected.shape and np.shares_memory(result, memory)
+    np.testing.assert_array_equal(memory.transpose(0, 2, 3, 1), expected)
+
+
+@requires_torch
+def test_a_channels_first_torch_view_gets_the_same_bits():
+    import torch
+
+    go, bx, am = inputs(2, 5, 6, 18, 10, "float32", "partly_outside", spill=2, seed=4)
+    expected = tvm_ops.border_align_backward(go, bx, am, 10, height=5, width=6)
+    memory = torch.full((2, 72, 5, 6), float("nan"))
+    tvm_ops.border_align_backward(*map(torch.from_numpy, (go, bx, am)), 10, out=memory.permute(0, 2, 3, 1))
+    np.testing.assert_array_equal(memory.permute(0, 2, 3, 1).numpy(), expected)
+
+
 # --- checks: type, status and a message naming the tensor ------------------------
 GOOD = dict(zip(("grad_output", "boxes", "argmax_idx"), inputs(2, 3, 4, 5)))
 

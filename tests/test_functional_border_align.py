@@ -128,6 +128,25 @@ def test_opcheck_passes_for_both_ops():
     _, argmax = torch.ops.tvm_ops.border_align_forward(x.detach(), boxes, 4)
     grad = torch.randn(1, 12, 4, 2)
     torch.library.opcheck(torch.ops.tvm_ops.border_align_backward.default, (grad, boxes, argmax, 4, 3, 4))
+    # the gradient of an NCHW map, in its layout
+    torch.library.opcheck(torch.ops.tvm_ops.border_align_backward.default, (grad, boxes, argmax, 4, 3, 4, True))
+
+
+def test_the_gradient_comes_back_in_the_maps_own_layout():
+    """A map's gradient as the backward gives it (before autograd would copy it into the
+    map's layout): NCHW memory for an NCHW map, NHWC for a channels-last one; the same values."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(2, 8, 5, 6, generator=g)
+    boxes = make_boxes(2, 5, 6, seed=13)
+    weights = torch.randn(2, 2, 30, 4, generator=g)
+    grads = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        leaf = torch.empty_like(x, memory_format=layout).copy_(x).requires_grad_()
+        leaf.register_hook(grads.append)
+        (tf.border_align(leaf, boxes, 3) * weights).sum().backward()
+    nchw, nhwc = grads
+    assert nchw.is_contiguous() and nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(nchw, nhwc)
 
 
 def branch_inputs(N, H, W, seed):

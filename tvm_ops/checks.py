@@ -57,8 +57,10 @@ def int_param(op: str, name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -> Problem:
-    """Validate one call; return the Problem or raise before any data is touched."""
+def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, out_as_is=None) -> Problem:
+    """Validate one call; return the Problem or raise before any data is touched. out_as_is(name,
+    info): whether the operator writes the out= buffer of output `name` in its own strided
+    layout (`Operator.output_taken_as_is`); every other out= buffer must be C-contiguous."""
     op = spec.op
     # 1. missing tensors (describe raises on None and on non-tensors)
     infos = {t.name: interop.describe(t.name, inputs.get(t.name)) for t in spec.inputs}
@@ -77,14 +79,15 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None) -
         if info is not None and len(info.shape) != len(t.dims):
             raise BadParamError(f"{op}: {info.name} must have rank {len(t.dims)} {_dims_text(t.dims)}, "
                                 f"got rank {len(info.shape)} with shape {list(info.shape)}")
-    # 3. contiguity: inputs are made contiguous later; an output buffer cannot be
-    for info in given.values():
+    # 3. contiguity: inputs are made contiguous later; an output buffer cannot be (but for a
+    # layout its operator writes itself)
+    for name, info in given.items():
         if not info.writeable:
             raise BadParamError(f"{op}: {info.name} is read-only; give a writeable output buffer")
         if not info.native:
             raise BadParamError(f"{op}: {info.name} has non-native byte order ({info.value.dtype.str}); give a "
                                 f"native-order output buffer")
-        if not info.contiguous:
+        if not info.contiguous and not (out_as_is is not None and out_as_is(name, info)):
             raise NotSupportedError(f"{op}: {info.name} must be C-contiguous; strided outputs are not supported")
     # 4. dtypes
     dtypes = {}

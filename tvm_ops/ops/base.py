@@ -63,6 +63,11 @@ class Operator:
         them itself, faster than a generic copy); the others are made contiguous first."""
         return ()
 
+    def output_taken_as_is(self, name: str, info) -> bool:
+        """Whether launch writes the out= buffer `info` (checks.TensorInfo) of output `name` in
+        its own layout although not contiguous; others must be C-contiguous. None by default."""
+        return False
+
     def parallel_loops(self, problem: checks.Problem, knobs: dict) -> int:
         """How many parallel loops a CPU call of `problem` runs with these knobs (each hands
         out its work and waits for TVM's workers: the policy's one-core threshold scales with
@@ -116,7 +121,7 @@ class Operator:
         from ..invocation import CallPlan
 
         model = targets.resolve(target)
-        problem = checks.check(self.spec, inputs, params, out, self.rules)
+        problem = checks.check(self.spec, inputs, params, out, self.rules, self.output_taken_as_is)
         device = "cuda" if model.kind == "cuda" else "cpu"
         if problem.device != device:
             from ..errors import BadParamError

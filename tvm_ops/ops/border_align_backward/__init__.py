@@ -48,6 +48,13 @@ llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
   weighted corners into grad_input (float32, zeroed first) or into a zeroed float32 workspace
   that `cast` rounds once into grad_input (float16: accumulate in float32, round once).
 
+out= may also be a channels-first view on the CPU: [N, H, W, 4C] of contiguous [N, 4C, H, W]
+memory, the layout of the NCHW feature map a torch caller differentiates (functional.border_align
+gives its gradient so, where autograd would otherwise copy it into the map's layout, a slow
+strided copy: 3.6 ms of a 13 ms training step on its largest network case). The owners then
+write a [N, H, W, 4C] workspace, which `to_channels_first` (ops/channels_last.py's transposer,
+squares of lanes x lanes through registers) rewrites into the view's memory.
+
 No write can leave grad_input, the tile or the workspace, whatever the boxes or argmax
 values: an argmax outside [0, pool_size] and a sample outside [-1, H] x [-1, W] (tested as
 positive comparisons, so NaN coordinates from NaN boxes or 0 * inf fail them) contribute 0
@@ -61,10 +68,12 @@ from __future__ import annotations
 from ...errors import BadParamError
 from .. import cpu_ir
 from ..base import Operator
+from ..channels_last import channels_first, is_channels_first_view, to_channels_last_compute
 
 SCATTER = "border_align_backward_scatter"
 TAIL = "border_align_backward_scatter_tail"
 CAST = "border_align_backward_cast"
+TO_CHANNELS_FIRST = "border_align_backward_to_channels_first"
 
 # C is split into C // 16 full groups (one AVX-512 float32 vector) and a tail of C % 16
 # channels with a kernel of its own: TVM 0.27 scalarises a predicated split of a symbolic
@@ -74,7 +83,7 @@ CHANNEL_GROUP = 16
 
 class BorderAlignBackward(Operator):
     name = "border_align_backward"
-    kernel_names = (SCATTER, TAIL, CAST)
+    kernel_names = (SCATTER, TAIL, CAST, TO_CHANNELS_FIRST)
 
     def rules(self, problem):
         s = problem.sizes
@@ -88,6 +97,12 @@ class BorderAlignBackward(Operator):
         if s["H"] * s["W"] != s["K"]:
             raise BadParamError(f"{op}: height * width must equal grad_output.shape[1] (K) = {s['K']}, "
                                 f"got {s['H']} * {s['W']} = {s['H'] * s['W']}")
+        given = problem.outs.get("grad_input")
+        problem.notes["channels_first"] = given is not None and not given.contiguous  # output_taken_as_is
+
+    def output_taken_as_is(self, name, info):
+        # a channels-first view on the CPU: launch transposes the kernels' rows into it
+        return name == "grad_input" and info.device == "cpu" and is_channels_first_view(info)
 
     def plan(self, model, knobs):
         """The seed's policy (../shared/seeds/border_align_backward.md, 3.2), step by step.
@@ -107,13 +122,18 @@ class BorderAlignBackward(Operator):
     def computes(self, dtype, plan, model):
         from . import compute
 
-        return compute.computes(dtype, model.kind, plan, model.features())
+        kernels = compute.computes(dtype, model.kind, plan, model.features())
+        if model.kind == "llvm":  # [N, H*W, 4C] rows -> [N, 4C, H*W] (a channels-first out=)
+            kernels[TO_CHANNELS_FIRST] = to_channels_last_compute(dtype, model.lanes("float32"))
+        return kernels
 
     def workspaces(self, problem, plan):
+        s = problem.sizes
+        if problem.notes["channels_first"]:  # the kernels' rows, before to_channels_first
+            return {"grad_rows": ((s["N"], s["H"], s["W"], s["Q"]), problem.dtype)}
         if problem.device != "cuda" or problem.dtype == "float32":
             return {}
         # CUDA float16: the atomics accumulate in float32, `cast` rounds once into grad_input
-        s = problem.sizes
         return {"accumulator": ((s["N"], s["H"], s["W"], s["Q"]), "float32")}
 
     def zeroed(self, problem, plan):
@@ -125,14 +145,18 @@ class BorderAlignBackward(Operator):
         c = problem.sizes["C"]
         pool = problem.params["pool_size"]
         go, bx, am, out = (tensors[t] for t in ("grad_output", "boxes", "argmax_idx", "grad_input"))
-        acc = tensors.get("accumulator", out)
+        rows = tensors.get("grad_rows", out)  # [N, H, W, 4C] rows of a channels-first out=
+        acc = tensors.get("accumulator", rows)
         lanes = kernels.plan["owner_lanes"]  # the main kernel covers C // lanes * lanes channels
         if c >= lanes:
             kernels[SCATTER](go, bx, am, acc, pool)
         if c % lanes:
             kernels[TAIL](go, bx, am, acc, pool)
-        if acc is not out:
-            kernels[CAST](acc, out)
+        if acc is not rows:
+            kernels[CAST](acc, rows)
+        if rows is not out:
+            n, h, w, q = rows.shape
+            kernels[TO_CHANNELS_FIRST](rows.reshape(n, h * w, q), channels_first(out))
 
 
 OP = BorderAlignBackward()
@@ -145,8 +169,10 @@ def border_align_backward(grad_output, boxes, argmax_idx, pool_size, *, height=N
     boxes [N, K, 4] (x0, y0, x1, y1, the dtype of grad_output: float32 or float16),
     argmax_idx [N, K, 4, C] int32 (sample index in [0, pool_size]; other values contribute
     nothing), pool_size > 0, K == height * width. height and width are required unless
-    `out` (a [N, H, W, 4C] buffer) gives them. float16 accumulates in float32 and is rounded
-    once. numpy in -> numpy out; torch in -> torch out.
+    `out` (a [N, H, W, 4C] buffer) gives them: C-contiguous, or on the CPU a channels-first
+    view, [N, H, W, 4C] of contiguous [N, 4C, H, W] memory (`nchw.permute(0, 2, 3, 1)`, the
+    layout of the map BorderAlign read). float16 accumulates in float32 and is rounded once.
+    numpy in -> numpy out; torch in -> torch out.
     """
     shape = getattr(grad_output, "shape", None)
     # grad_input's last dim (4C) for the spec's symbol Q; an out= buffer gives it instead

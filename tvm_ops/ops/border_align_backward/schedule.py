@@ -1,13 +1,13 @@
 """Schedule recipes for border_align_backward (knobs: schedules/border_align_backward.yaml)."""
 
-from . import CAST, SCATTER, TAIL
+from . import CAST, SCATTER, TAIL, TO_CHANNELS_FIRST
 
 
 def llvm(sch, kernel, model, plan):
     # written in scheduled form: the cores take owners from a shared counter and the lane
     # loops are vectorised in the compute (they sit inside the owner block, between its
-    # staging)
-    if kernel not in (SCATTER, TAIL):
+    # staging); to_channels_first too (ops/channels_last.py)
+    if kernel not in (SCATTER, TAIL, TO_CHANNELS_FIRST):
         raise KeyError(kernel)
 
 
