@@ -13,6 +13,10 @@ prefetchers follow (all C rows advancing together, square by square, ran 2-3x sl
 memory). Written in its scheduled form for the reason lane_transpose.py gives: no schedule
 primitive emits lane shuffles. The last P % lanes positions and C % lanes channels are
 copied element by element.
+
+The same kernel turns [N, P, C] rows into channels-first [N, C, P] memory (read with P as its
+C and C as its P): border_align_backward writes an NCHW map's gradient so (a channels-first
+out=).
 """
 
 from __future__ import annotations
