@@ -215,8 +215,9 @@ def _border_backward(grad_output: Tensor, boxes: Tensor, argmax_idx: Tensor, poo
     out = None
     if channels_first:  # [N, H, W, 4C] as a view of [N, 4C, H, W] memory (CPU)
         n, _, _, c = grad_output.shape
-        dtype = str(grad_output.dtype).removeprefix("torch.")
-        out = interop.empty_like_kind("torch", "cpu", (n, 4 * c, height, width), dtype, zero=False).permute(0, 2, 3, 1)
+        memory = interop.empty_like_kind("torch", "cpu", (n, 4 * c, height, width),
+                                         interop.torch_dtype_name(grad_output.dtype), zero=False)
+        out = memory.permute(0, 2, 3, 1)
     return border_align_backward(_kernel_input(grad_output), _kernel_input(boxes), argmax_idx, pool_size,
                                  height=height, width=width, target=_target(grad_output), out=out)
 

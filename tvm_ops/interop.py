@@ -80,7 +80,8 @@ def host_array(value) -> np.ndarray:
     return value.numpy(force=True)
 
 
-def _torch_dtype_name(dtype) -> str:
+def torch_dtype_name(dtype) -> str:
+    """A torch dtype's name as the checks and allocators take it ("float32")."""
     return str(dtype).replace("torch.", "")
 
 
@@ -97,7 +98,7 @@ def describe(name: str, value) -> TensorInfo:
                           bool(value.flags.c_contiguous), "numpy", "cpu", value.dtype.isnative,
                           bool(value.flags.writeable))
     if _is_torch(value):
-        return TensorInfo(name, value, tuple(value.shape), _torch_dtype_name(value.dtype),
+        return TensorInfo(name, value, tuple(value.shape), torch_dtype_name(value.dtype),
                           bool(value.is_contiguous()), "torch", value.device.type,
                           lazy=lazy_values(value), device_index=value.device.index)
     if hasattr(value, "__dlpack__"):
@@ -125,7 +126,7 @@ def make_contiguous(value):
                     list(value.shape), nbytes / 1e9)
     if not isinstance(value, np.ndarray):
         value = resolved(value)
-        shape, dtype = tuple(value.shape), _torch_dtype_name(value.dtype)
+        shape, dtype = tuple(value.shape), torch_dtype_name(value.dtype)
         if value.device.type == "cpu" and dtype in host_buffers.DTYPES and host_buffers.reused(shape, dtype):
             # a large copy into a reused host block, as large outputs are (empty_like_kind): a
             # fresh one faults in every page (a training step's broadcast gradient of 268 MB:

@@ -65,7 +65,7 @@ class Operator:
 
     def output_taken_as_is(self, name: str, info) -> bool:
         """Whether launch writes the out= buffer `info` (checks.TensorInfo) of output `name` in
-        its own layout although not contiguous; others must be C-contiguous. None by default."""
+        its own layout although not contiguous (none by default: every out= buffer C-contiguous)."""
         return False
 
     def parallel_loops(self, problem: checks.Problem, knobs: dict) -> int:
