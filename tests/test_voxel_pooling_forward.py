@@ -22,12 +22,15 @@ from .conftest import requires_torch
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 ALGORITHMS = OP.schedules["llvm"].candidates["algorithm"]  # owner, sort
 # the CPU paths: owner with R bands of output rows per batch, zero-filled first or at first
-# touch, and sort. Fixed R and zero fill, not auto, so every split and both band kernels run
-# whatever the machine's core count and the case's points per row.
+# touch (its untouched rows' zeros streamed past the caches from any size, where the output
+# starts on a line, or cached), and sort. Fixed R and zero fill, not auto, so every split and
+# both band kernels run whatever the machine's core count and the case's points per row.
 KERNEL_SETS = {"owner-R1": {"algorithm": "owner", "row_bands": 1, "zero_fill": "upfront"},
                "owner-R2": {"algorithm": "owner", "row_bands": 2, "zero_fill": "upfront"},
-               "owner-R1-first-touch": {"algorithm": "owner", "row_bands": 1, "zero_fill": "first_touch"},
-               "owner-R4-first-touch": {"algorithm": "owner", "row_bands": 4, "zero_fill": "first_touch"},
+               "owner-R1-first-touch": {"algorithm": "owner", "row_bands": 1, "zero_fill": "first_touch",
+                                        "stream_untouched": False},
+               "owner-R4-first-touch": {"algorithm": "owner", "row_bands": 4, "zero_fill": "first_touch",
+                                        "stream_untouched": True, "stream_min_mib": 0},
                "sort": {"algorithm": "sort", "row_bands": 1}}
 
 
@@ -148,6 +151,41 @@ def test_row_bands_follow_the_model_not_the_thread_count():
     assert OP.workspaces(dataclasses.make_dataclass("Problem", ["sizes", "dtype"])(sizes, "float32"), plan) == {}
     with pytest.raises(ValueError, match="row_bands must be 'auto' or a positive integer"):
         OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, row_bands=0))
+
+
+@pytest.mark.parametrize("c", [16, 80, 19, 37])  # whole lines (streamed when aligned) and tails
+@pytest.mark.parametrize("aligned", [True, False])
+def test_every_first_touch_store_path_writes_every_row(monkeypatch, c, aligned):
+    """out= over NaN, on a cache line or one word past it, rows with points and rows without:
+    the streamed zeros (aligned, C % 16 == 0) and the cached ones give the sums of point
+    order in every row, and nothing is written around the output."""
+    use_knobs(monkeypatch, {"algorithm": "owner", "row_bands": 2, "zero_fill": "first_touch",
+                            "stream_untouched": True, "stream_min_mib": 0})
+    geom, feat = inputs(2, 40, c, 6, 5, 1, spill=2, seed=c)
+    size = 2 * 5 * 6 * c
+    storage = np.full(size + 16 + 64, np.nan, np.float32)
+    start = (-storage.ctypes.data % 64) // 4 + (0 if aligned else 1)
+    out = storage[start:start + size].reshape(2, 5, 6, c)
+    assert (out.ctypes.data % 64 == 0) == aligned
+    memo = np.empty(geom.shape, np.int32)
+    tvm_ops.voxel_pooling_forward(geom, feat, 6, 5, 1, out=(out, memo))
+    expected = in_point_order(geom, feat, 6, 5, 1)
+    assert (expected == 0).all(axis=-1).any() and (expected != 0).any(axis=-1).any()  # both kinds of row
+    np.testing.assert_array_equal(out, expected)
+    assert np.isnan(storage[:start]).all() and np.isnan(storage[start + size:]).all()
+
+
+def test_the_cpu_library_streams_untouched_rows_on_x86():
+    """The first-touch walk's streamed zeros are in the host's library: non-temporal stores
+    and the fence."""
+    model = targets.resolve("llvm")
+    if "sse2" not in model.features():
+        pytest.skip("not an x86 host: the zeros are plain stores there")
+    from tvm_ops import dispatch
+
+    dispatch.kernels(OP, "float32", model)  # the parallel library (a tiny call runs the one-core one)
+    asm = (build.find_entry(dispatch.default_variant(OP, "float32", model)) / "kernels.s").read_text()
+    assert "movntps" in asm and "sfence" in asm  # (v)movntps: SSE or AVX encodings
 
 
 def inputs(b, n, c, x, y, z, spill=0, z_spill=0, seed=0):

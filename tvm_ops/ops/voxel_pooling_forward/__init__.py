@@ -19,7 +19,8 @@ output_features is ever written.
   batch (R = row_bands(): ceil(cores / B) by default), zero-fills them (`pool`) and walks
   all N points of its batch in order, adding the kept points that fall in its band; with
   few points per row (first_touch()) `pool_first_touch` instead marks the rows its points
-  reach, writes each row's first point over it and zero-fills only the rows left. Every
+  reach, writes each row's first point over it and zero-fills only the rows left (past the
+  caches in calls beyond about half the last-level cache: `stream_untouched`). Every
   output element is summed from zero in the order n = 0..N-1 whatever R and the thread
   count are: the bits are the same on every run, thread count and core count. A band
   reads every point's coordinates; its core streams the whole feature tensor (measured:
@@ -97,7 +98,8 @@ class VoxelPoolingForward(Operator):
             raise ValueError(f"zero_fill must be one of {', '.join(ZERO_FILLS)}, got {zero_fill!r}")
         return {"vec": pol.vector(), "algorithm": knobs["algorithm"], "row_bands": bands, "cores": pol.cores,
                 "zero_fill": zero_fill,
-                "memo_chunk": int(knobs["memo_chunk"]), "prefetch_rows": int(knobs["prefetch_rows"])}
+                "memo_chunk": int(knobs["memo_chunk"]), "prefetch_rows": int(knobs["prefetch_rows"]),
+                "stream_untouched": bool(knobs["stream_untouched"]), "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
         from . import compute
@@ -105,7 +107,8 @@ class VoxelPoolingForward(Operator):
         if model.kind == "cuda":
             return compute.cuda_computes(dtype, plan["vec"])
         return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"),
-                                    plan["prefetch_rows"])
+                                    plan["prefetch_rows"], plan["stream_untouched"],
+                                    plan["stream_min_mib"] * (1 << 20) // 4)
 
     def workspaces(self, problem, plan):
         s = problem.sizes

@@ -11,7 +11,8 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .. import fixed_channels
+from ...host_buffers import LINE_BYTES
+from .. import cpu_ir, fixed_channels
 from ..prefetch import prefetch_words
 
 
@@ -97,6 +98,17 @@ def _pos_memo_tasks(K: int, V: int):
     return pos_memo
 
 
+def streams(dtype: str, V: int, stream: bool) -> bool:
+    """Whether the first-touch walk streams its zero rows: asked for, and a V-lane vector is a
+    whole cache line (a streamed store must cover its line)."""
+    return stream and V * tvm.runtime.DataType(dtype).bits // 8 == LINE_BYTES
+
+
+def llvm_ir(features, dtype: str, V: int, stream: bool) -> str:
+    """The first-touch walk's LLVM IR functions (cpu_ir.stream_ir), "" without streaming."""
+    return cpu_ir.stream_ir(features, V, dtype) if streams(dtype, V, stream) else ""
+
+
 def _zero_unless(dtype: str):
     """zero_unless(cond, value): value where cond holds, else +0, as a bitwise and of value's
     bits with a mask of cond. The same bits as T.Select(cond, value, 0), but of a loaded
@@ -113,7 +125,7 @@ def _zero_unless(dtype: str):
     return zero_unless
 
 
-def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
+def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool = False, stream_min_words: int = 0):
     """The CPU's owner computes: owner = (batch b, band r of `bands` bands of output rows y),
     bands = R chosen by launch; band r is rows [r * ceil(Y / R), min((r + 1) * ceil(Y / R), Y)).
     It walks every point of its batch in order and adds the kept points whose y falls in its
@@ -136,7 +148,11 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
     of the band marks the rows written so far; a row's first point stores feat + 0 (the bits
     of 0 + feat, -0 included), later points add, and the rows no point reached are
     zero-filled at the end: no zero-fill of the rows that receive points, and no read of them
-    before their first point.
+    before their first point. With `stream`, in calls whose features and output reach
+    stream_min_words (about half the last-level cache) and whose rows are whole cache lines
+    on a line, those zeros are stored past the caches (no read for ownership of lines that
+    will not be read here; a fence ends the task); in smaller calls a repeated call finds its
+    output in the cache, and streaming it out measured slower.
 
     ahead (points, 0: none): at each point, the output row of the point `ahead` on is
     prefetched for writing (its y and x clamped into the band: a point the band does not keep
@@ -146,6 +162,17 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
     them ahead (cpu_computes builds the first-touch walk with none)."""
     zero = tvm.tirx.const(0, dtype)
     zero_unless = _zero_unless(dtype)
+    stream_fn = f"tvm_ops_stream_x{V}_{dtype}"
+
+    def rows_lined(out, B, N, Y, X, C):
+        """Whether the untouched rows' zeros are streamed: asked for, vectors of whole lines,
+        a call whose features and output (in words) reach stream_min_words, rows of whole
+        vectors, and the output on a line (its rows all are then)."""
+        if not streams(dtype, V, stream):
+            return tvm.tirx.const(False)
+        words = T.Cast("int64", B) * (T.Cast("int64", N) + T.Cast("int64", Y) * X) * C
+        return tvm.tirx.all(words >= stream_min_words, C % V == 0,
+                            T.call_extern("int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0, 0])) != 0)
 
     @T.macro
     def add_row(out, feat, vb, y, x, n, C, kept, seen):
@@ -204,14 +231,23 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int):
                             add_row(out, feat, vb, T.Select(kept, y, first), T.Select(kept, x, n % T.min(X, 4)), n,
                                     C, kept, True)
                 if first_touch:
+                    lined: T.let[T.bool] = rows_lined(out, B, N, Y, X, C)
                     for yy, xx in T.grid(T.max(0, end - first), X):
                         row: T.let[T.int32] = yy * X + xx  # a let: the fill may read it
                         if touched[row] == T.int8(0):
-                            for c0 in range(C // V):
-                                for c1 in T.vectorized(V):
-                                    out[vb, first + row // X, row % X, c0 * V + c1] = zero
-                            for ct in range(C % V):
-                                out[vb, first + row // X, row % X, C // V * V + ct] = zero
+                            if lined:
+                                for c0 in range(C // V):
+                                    T.evaluate(T.call_extern("void", stream_fn,
+                                                             T.address_of(out[vb, first + row // X, row % X, c0 * V]),
+                                                             T.Broadcast(zero, V)))
+                            else:
+                                for c0 in range(C // V):
+                                    for c1 in T.vectorized(V):
+                                        out[vb, first + row // X, row % X, c0 * V + c1] = zero
+                                for ct in range(C % V):
+                                    out[vb, first + row // X, row % X, C // V * V + ct] = zero
+                    if lined:
+                        T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
     return pool
 
 
@@ -331,7 +367,8 @@ def cuda_computes(dtype: str, V: int) -> dict:
     return {"pos_memo": _pos_memo_cuda(), "pool": _pool_warp(dtype, V)}
 
 
-def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, ahead: int) -> dict:
+def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, ahead: int, stream: bool,
+                 stream_min_words: int) -> dict:
     """{kernel name: PrimFunc} of the CPU plans for one dtype, channel vector V, pos_memo's
     points per task, the target's 32-bit lanes and the pools' output-row prefetch distance:
     the pools (first touch or not) with their fixed-channel copies (fixed_channels),
@@ -340,7 +377,8 @@ def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, ahead: int) ->
               "segment_sum": _segment_sum(dtype, V)}
     # the first-touch walk's cases are cache-resident: the row prefetch made them slower
     # (docs/kernels/voxel_pooling_forward.md)
-    pools = {"pool": _pool_bands(dtype, V, False, ahead), "pool_first_touch": _pool_bands(dtype, V, True, 0)}
+    pools = {"pool": _pool_bands(dtype, V, False, ahead),
+             "pool_first_touch": _pool_bands(dtype, V, True, 0, stream, stream_min_words)}
     fixed = {}
     for name, func in pools.items():  # geom [B, N, 3], then feat [B, N, C]
         fixed |= fixed_channels.copies(name, func, {1: (("B", "N", "C"), dtype)})

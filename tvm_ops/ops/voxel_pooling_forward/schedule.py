@@ -1,5 +1,7 @@
 """Schedule recipes for voxel_pooling_forward (knobs: schedules/voxel_pooling_forward.yaml)."""
 
+from .compute import llvm_ir
+
 
 def vectorize_channels(sch, loop, model, plan):
     """The channel-vector loop (plan["vec"] wide) in SIMD registers of the target's width."""
@@ -33,7 +35,12 @@ def llvm(sch, kernel, model, plan):
         return
     # pool, pool_first_touch: owner = (batch, band of output rows); channel vectors per kept point
     b, r = sch.get_loops(sch.get_sblock("band"))
-    sch.parallel(sch.fuse(b, r))
+    t = sch.fuse(b, r)
+    sch.parallel(t)
+    # (float32: the op's one dtype)
+    ir = llvm_ir(model.features(), "float32", plan["vec"], plan["stream_untouched"]) if "first_touch" in kernel else ""
+    if ir:
+        sch.annotate(t, "pragma_import_llvm", ir)
     _vectorize_own_lane_adds(sch, sch.get_sblock("band_add"), model, plan)
 
 
