@@ -17,7 +17,8 @@ output_features is ever written.
 
 - llvm (owner computes, no atomics): a task owns the output rows of one of R bands of a
   batch (R = row_bands(): ceil(cores / B) by default), zero-fills them (`pool`) and walks
-  all N points of its batch in order, adding the kept points that fall in its band; with
+  all N points of its batch in order, `kept_list` at a time: it lists the points kept in
+  its band (no branch), then adds their rows; with
   few points per row (first_touch()) `pool_first_touch` instead marks the rows its points
   reach, writes each row's first point over it and zero-fills only the rows left (past the
   caches in calls beyond about half the last-level cache: `stream_untouched`). Every
@@ -94,11 +95,14 @@ class VoxelPoolingForward(Operator):
         # V: the channels of one step, one float32 vector (16 on AVX-512, 8 on AVX2);
         # memo_chunk: pos_memo's points per task (the seed's nram_limit_pt_num)
         zero_fill = knobs["zero_fill"]
+        kept_list = knobs["kept_list"]
+        if isinstance(kept_list, bool) or not isinstance(kept_list, int) or kept_list < 1:
+            raise ValueError(f"kept_list must be a positive integer, got {kept_list!r}")
         if zero_fill not in ZERO_FILLS:
             raise ValueError(f"zero_fill must be one of {', '.join(ZERO_FILLS)}, got {zero_fill!r}")
         return {"vec": pol.vector(), "algorithm": knobs["algorithm"], "row_bands": bands, "cores": pol.cores,
                 "zero_fill": zero_fill,
-                "memo_chunk": int(knobs["memo_chunk"]), "prefetch_rows": int(knobs["prefetch_rows"]),
+                "memo_chunk": int(knobs["memo_chunk"]), "kept_list": kept_list,
                 "stream_untouched": bool(knobs["stream_untouched"]), "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
@@ -106,9 +110,8 @@ class VoxelPoolingForward(Operator):
 
         if model.kind == "cuda":
             return compute.cuda_computes(dtype, plan["vec"])
-        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"),
-                                    plan["prefetch_rows"], plan["stream_untouched"],
-                                    plan["stream_min_mib"] * (1 << 20) // 4)
+        return compute.cpu_computes(dtype, plan["vec"], plan["memo_chunk"], model.lanes("float32"), plan["kept_list"],
+                                    plan["stream_untouched"], plan["stream_min_mib"] * (1 << 20) // 4)
 
     def workspaces(self, problem, plan):
         s = problem.sizes

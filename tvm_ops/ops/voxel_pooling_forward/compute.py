@@ -13,7 +13,6 @@ from tvm.script import tirx as T
 
 from ...host_buffers import LINE_BYTES
 from .. import cpu_ir, fixed_channels
-from ..prefetch import prefetch_words
 
 
 def _pos_memo_cuda():
@@ -125,7 +124,8 @@ def _zero_unless(dtype: str):
     return zero_unless
 
 
-def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool = False, stream_min_words: int = 0):
+def _pool_bands(dtype: str, V: int, first_touch: bool, listed: int = 0, stream: bool = False,
+                stream_min_words: int = 0):
     """The CPU's owner computes: owner = (batch b, band r of `bands` bands of output rows y),
     bands = R chosen by launch; band r is rows [r * ceil(Y / R), min((r + 1) * ceil(Y / R), Y)).
     It walks every point of its batch in order and adds the kept points whose y falls in its
@@ -135,16 +135,13 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool 
     than its own kernel: docs/kernels/voxel_pooling_forward.md.)
 
     first_touch False (`pool`, for many points per voxel): the band's rows are zero-filled
-    first, and the walk has no branch on whether a point is kept. Which points are is as
-    random as their coordinates; on these cases the features stream from memory and the
-    mispredicted branch stalled that stream more than reading every point's row costs: every
-    point adds its row, or zeros for a point the band does not keep, to a row of the band,
-    its voxel's or a spare one, (first, n % min(X, 4)) (four in turn: no chain of dependent
-    adds through one row). A sum that starts at +0 never becomes -0 (round to nearest), so
-    adding +0 leaves its bits as they are.
+    first; then, `listed` points at a time, the band lists its kept points (every point's
+    index stored, the kept ones counted: no branch on whether a point is kept, which is as
+    random as its coordinates) and adds the listed rows. Only the band's own rows are added,
+    and the feature rows are read in increasing order, the hardware prefetching them.
 
     first_touch True (`pool_first_touch`, for few points per voxel, a cache-resident walk
-    where the branch is cheaper than an add per point): the kept points only; a byte per row
+    where a branch per point costs less than listing): the kept points only; a byte per row
     of the band marks the rows written so far; a row's first point stores feat + 0 (the bits
     of 0 + feat, -0 included), later points add, and the rows no point reached are
     zero-filled at the end: no zero-fill of the rows that receive points, and no read of them
@@ -152,14 +149,7 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool 
     stream_min_words (about half the last-level cache) and whose rows are whole cache lines
     on a line, those zeros are stored past the caches (no read for ownership of lines that
     will not be read here; a fence ends the task); in smaller calls a repeated call finds its
-    output in the cache, and streaming it out measured slower.
-
-    ahead (points, 0: none): at each point, the output row of the point `ahead` on is
-    prefetched for writing (its y and x clamped into the band: a point the band does not keep
-    prefetches a row of the band, never past it). In `pool`'s cases the feature stream
-    flushes the caches between two adds to a row, which are as random as the points, so each
-    add waited on its row's load; the feature rows stream in order and the hardware fetches
-    them ahead (cpu_computes builds the first-touch walk with none)."""
+    output in the cache, and streaming it out measured slower."""
     zero = tvm.tirx.const(0, dtype)
     zero_unless = _zero_unless(dtype)
     stream_fn = f"tvm_ops_stream_x{V}_{dtype}"
@@ -175,19 +165,18 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool 
                             T.call_extern("int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0, 0])) != 0)
 
     @T.macro
-    def add_row(out, feat, vb, y, x, n, C, kept, seen):
-        # out[y, x] += value, or out[y, x] = value + 0 at the row's first point (not seen);
-        # value = feat[n], or 0 for a point not kept
+    def add_row(out, feat, vb, y, x, n, C, seen):
+        # out[y, x] += feat[n], or out[y, x] = feat[n] + 0 at the row's first point (not seen)
         for c0, c1 in T.grid(C // V, V):
             with T.sblock("band_add"):
                 vc0, vc1 = T.axis.remap("SS", [c0, c1])
                 T.reads(out[vb, y, x, vc0 * V + vc1], feat[vb, n, vc0 * V + vc1])
                 T.writes(out[vb, y, x, vc0 * V + vc1])
                 out[vb, y, x, vc0 * V + vc1] = zero_unless(seen, out[vb, y, x, vc0 * V + vc1]) + \
-                    zero_unless(kept, feat[vb, n, vc0 * V + vc1])
+                    feat[vb, n, vc0 * V + vc1]
         for ct in range(C % V):
             out[vb, y, x, C // V * V + ct] = zero_unless(seen, out[vb, y, x, C // V * V + ct]) + \
-                zero_unless(kept, feat[vb, n, C // V * V + ct])
+                feat[vb, n, C // V * V + ct]
 
     @T.prim_func(s_tir=True)
     def pool(geom_h: T.handle, feat_h: T.handle, out_h: T.handle, Z: T.int32, bands: T.int32):
@@ -208,29 +197,16 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool 
                     touched = T.sblock_alloc_buffer(((Y + bands - 1) // bands * X,), "int8")
                     for i in range((Y + bands - 1) // bands * X):
                         touched[i] = T.int8(0)
-                else:
-                    for yy, xx, c in T.grid(T.max(0, end - first), X, C):
-                        out[vb, first + yy, xx, c] = zero
-                if first < end:
-                    for point in range(N):
-                        if ahead > 0 and point + ahead < N:
-                            ya: T.let[T.int32] = T.max(first, T.min(end - 1, geom[vb, point + ahead, 1]))
-                            xa: T.let[T.int32] = T.max(0, T.min(X - 1, geom[vb, point + ahead, 0]))
-                            prefetch_words(lambda w: out[vb, ya, xa, w], C, 1)
-                        n: T.let[T.int32] = point  # lets: the add block may read them
-                        x: T.let[T.int32] = geom[vb, n, 0]
-                        y: T.let[T.int32] = geom[vb, n, 1]
-                        z: T.let[T.int32] = geom[vb, n, 2]
-                        kept: T.let = x >= 0 and x < X and y >= first and y < end and z >= 0 and z < Z
-                        if first_touch:
-                            if kept:
+                    if first < end:
+                        for point in range(N):
+                            n: T.let[T.int32] = point  # lets: the add block may read them
+                            x: T.let[T.int32] = geom[vb, n, 0]
+                            y: T.let[T.int32] = geom[vb, n, 1]
+                            z: T.let[T.int32] = geom[vb, n, 2]
+                            if x >= 0 and x < X and y >= first and y < end and z >= 0 and z < Z:
                                 seen: T.let = touched[(y - first) * X + x] != T.int8(0)
                                 touched[(y - first) * X + x] = T.int8(1)
-                                add_row(out, feat, vb, y, x, n, C, True, seen)
-                        else:  # no branch: the zeros of a point not kept go to a spare row
-                            add_row(out, feat, vb, T.Select(kept, y, first), T.Select(kept, x, n % T.min(X, 4)), n,
-                                    C, kept, True)
-                if first_touch:
+                                add_row(out, feat, vb, y, x, n, C, seen)
                     lined: T.let[T.bool] = rows_lined(out, B, N, Y, X, C)
                     for yy, xx in T.grid(T.max(0, end - first), X):
                         row: T.let[T.int32] = yy * X + xx  # a let: the fill may read it
@@ -248,6 +224,28 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, ahead: int, stream: bool 
                                     out[vb, first + row // X, row % X, C // V * V + ct] = zero
                     if lined:
                         T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
+                else:
+                    kept_points = T.sblock_alloc_buffer((listed,), "int32")
+                    count = T.sblock_alloc_buffer((1,), "int32")  # constant size: a register
+                    for yy, xx, c in T.grid(T.max(0, end - first), X, C):
+                        out[vb, first + yy, xx, c] = zero
+                    if first < end:
+                        for chunk in range((N + listed - 1) // listed):
+                            count[0] = 0
+                            for j in range(T.min(listed, N - chunk * listed)):
+                                pn: T.let[T.int32] = chunk * listed + j
+                                px: T.let[T.int32] = geom[vb, pn, 0]
+                                py: T.let[T.int32] = geom[vb, pn, 1]
+                                pz: T.let[T.int32] = geom[vb, pn, 2]
+                                kept_points[count[0]] = pn
+                                count[0] = count[0] + T.Cast("int32", px >= 0 and px < X and py >= first and
+                                                             py < end and pz >= 0 and pz < Z)
+                            total: T.let[T.int32] = count[0]  # a let: the loop's extent reads no buffer
+                            for i in range(total):
+                                n: T.let[T.int32] = kept_points[i]
+                                x: T.let[T.int32] = geom[vb, n, 0]
+                                y: T.let[T.int32] = geom[vb, n, 1]
+                                add_row(out, feat, vb, y, x, n, C, True)
     return pool
 
 
@@ -367,18 +365,16 @@ def cuda_computes(dtype: str, V: int) -> dict:
     return {"pos_memo": _pos_memo_cuda(), "pool": _pool_warp(dtype, V)}
 
 
-def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, ahead: int, stream: bool,
+def cpu_computes(dtype: str, V: int, memo_chunk: int, lanes: int, listed: int, stream: bool,
                  stream_min_words: int) -> dict:
     """{kernel name: PrimFunc} of the CPU plans for one dtype, channel vector V, pos_memo's
-    points per task, the target's 32-bit lanes and the pools' output-row prefetch distance:
-    the pools (first touch or not) with their fixed-channel copies (fixed_channels),
-    pos_memo, and the sort plan's two kernels."""
+    points per task, the target's 32-bit lanes, the zero-filled walk's points per list and
+    the first-touch walk's streaming: the pools (first touch or not) with their
+    fixed-channel copies (fixed_channels), pos_memo, and the sort plan's two kernels."""
     shared = {"pos_memo": _pos_memo_tasks(memo_chunk, lanes), "sort_points": _sort_points(),
               "segment_sum": _segment_sum(dtype, V)}
-    # the first-touch walk's cases are cache-resident: the row prefetch made them slower
-    # (docs/kernels/voxel_pooling_forward.md)
-    pools = {"pool": _pool_bands(dtype, V, False, ahead),
-             "pool_first_touch": _pool_bands(dtype, V, True, 0, stream, stream_min_words)}
+    pools = {"pool": _pool_bands(dtype, V, False, listed=listed),
+             "pool_first_touch": _pool_bands(dtype, V, True, stream=stream, stream_min_words=stream_min_words)}
     fixed = {}
     for name, func in pools.items():  # geom [B, N, 3], then feat [B, N, C]
         fixed |= fixed_channels.copies(name, func, {1: (("B", "N", "C"), dtype)})
