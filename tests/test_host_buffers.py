@@ -75,6 +75,30 @@ def test_free_blocks_stay_under_the_limit(cache, monkeypatch):
     assert cache.cached_bytes() == 0
 
 
+def test_a_new_size_displaces_the_sizes_given_back_longest_ago(cache, monkeypatch):
+    """Over the limit, the free blocks of the least recently given back sizes go first (an
+    output of a size no call asks for again must not hold the cache for good); a block larger
+    than the whole limit is not kept and displaces nothing."""
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", str(3 * SMALL / (1 << 20)))
+    other = SMALL + 1024  # bytes: another size
+    old = [cache.empty((SMALL // 4,), np.float32) for _ in range(2)]
+    del old
+    gc.collect()
+    assert cache.cached_bytes() == 2 * SMALL
+    new = cache.empty((other // 4,), np.float32)
+    where = address(new)
+    del new
+    gc.collect()
+    assert cache.cached_bytes() == SMALL + other  # one old block dropped to keep the new size
+    huge = cache.empty((SMALL,), np.float32)  # 4 * SMALL bytes: over the limit on its own
+    del huge
+    gc.collect()
+    assert cache.cached_bytes() == SMALL + other
+    again = cache.empty((other // 4,), np.float32)
+    assert address(again) == where and cache.cached_bytes() == SMALL
+    assert address(cache.empty((SMALL // 4,), np.float32)) != where and cache.cached_bytes() == 0
+
+
 def test_limit_zero_turns_the_cache_off(cache, monkeypatch):
     monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "0")
     array = cache.empty((SMALL,), np.float32)

@@ -23,7 +23,8 @@ step). The tensor keeps the array alive, so the block comes back when the tensor
 its storage cannot be resized.
 
 Free blocks are kept up to $TVM_OPS_HOST_CACHE_MB (default 1024; 0 turns the
-cache off); `release()` drops them all.
+cache off), those of the sizes given back longest ago dropped first to make room;
+`release()` drops them all.
 
 Every output of ALIGN_MIN_BYTES or more starts on a cache line (LINE_BYTES), as
 PyTorch's CPU tensors do (numpy's large arrays start 16 bytes into one): CPU kernels
@@ -181,8 +182,12 @@ def _take(nbytes: int):
 
 def _give_back(block: mmap.mmap) -> None:
     # Runs while the last owner is being freed, so the block is still exported to it:
-    # a block over the limit is simply not kept (closing it here would raise); it is
-    # unmapped when its last reference goes. Whatever may allocate runs before the lock.
+    # a block larger than the limit is simply not kept (closing it here would raise); it is
+    # unmapped when its last reference goes. To keep one within the limit, the free blocks
+    # of the sizes given back longest ago are dropped first (a block of a size no call asks
+    # for again, e.g. an output of a data-dependent or a per-image size, would otherwise hold
+    # its place for good). Whatever may allocate runs before the lock: a garbage collection
+    # started under it could run this finalizer again in the middle of its update.
     global _free_bytes
     nbytes = len(block)
     try:
@@ -190,7 +195,21 @@ def _give_back(block: mmap.mmap) -> None:
     except ValueError:  # a bad setting, reported by the next large output's call
         return
     fresh: list = []  # the size's list, should it have none
+    oldest_first = list(_free)  # the sizes, least recently given back first
     with _lock:
+        blocks = _free.pop(nbytes, fresh)
+        _free[nbytes] = blocks  # this size is now the most recent
+        if nbytes > limit:
+            return
+        i = 0
+        while _free_bytes + nbytes > limit and i < len(oldest_first):
+            size = oldest_first[i]
+            victims = _free.get(size) if size != nbytes else None
+            if victims:
+                victims.pop()  # unmapped as its last reference goes (free: no view of it is alive)
+                _free_bytes -= size
+            else:
+                i += 1
         if _free_bytes + nbytes <= limit:
-            _free.setdefault(nbytes, fresh).append(block)
+            blocks.append(block)
             _free_bytes += nbytes
