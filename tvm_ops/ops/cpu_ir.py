@@ -11,6 +11,8 @@ intrinsic of another architecture does not fail the build, LLVM aborts the proce
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..host_buffers import LINE_BYTES
 
 
@@ -56,6 +58,31 @@ def _lookup16_ir(lanes: int) -> str:
 def has_streaming_stores(features) -> bool:
     """Whether stores past the caches are x86's (MOVNT*, ordered by SFENCE)."""
     return "sse2" in features
+
+
+def line_words(dtype: str) -> int:
+    """Elements of dtype in a cache line."""
+    return LINE_BYTES // np.dtype(dtype).itemsize
+
+
+def whole_lines(lanes: int, dtype: str) -> bool:
+    """Whether a `lanes`-wide vector of dtype is whole cache lines: what a streamed store of
+    it needs (it must cover its line)."""
+    return lanes % line_words(dtype) == 0
+
+
+def stream_ir_if(features, lanes: int, dtype: str, stream: bool) -> str:
+    """stream_ir(features, lanes, dtype) for a kernel that streams (asked for, and its vectors
+    are whole lines: whole_lines), else ""."""
+    return stream_ir(features, lanes, dtype) if stream and whole_lines(lanes, dtype) else ""
+
+
+def on_a_line(element):
+    """TIR: whether the buffer element `element` starts on a cache line (tvm_ops_line_aligned,
+    defined by stream_ir)."""
+    from tvm.script import tirx as T
+
+    return T.call_extern("int32", "tvm_ops_line_aligned", T.address_of(element)) != 0
 
 
 def stream_ir(features, lanes: int, dtype: str) -> str:

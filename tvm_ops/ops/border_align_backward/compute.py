@@ -16,10 +16,8 @@ the tile rows.
 
 from __future__ import annotations
 
-import numpy as np
 from tvm.script import tirx as T
 
-from ...host_buffers import LINE_BYTES
 from .. import cpu_ir, task_queue
 from ..border_align_sampling import sample_xy
 from ..point_vectors import scratch_scope
@@ -74,15 +72,6 @@ NO_BLOCK = 1 << 27
 def _reduce(op, rows, row):
     """min or max of rows[row, 0:16] (int32)."""
     return T.call_pure_extern("int32", f"tvm_ops_s{op}_x{POSITION_TABLE}", rows[row, T.Ramp(0, 1, POSITION_TABLE)])
-
-
-def _line_words(dtype: str) -> int:
-    """Words of dtype in a cache line."""
-    return LINE_BYTES // np.dtype(dtype).itemsize
-
-
-def _line_aligned(buf):
-    return T.call_extern("int32", "tvm_ops_line_aligned", T.address_of(buf[0, 0, 0, 0])) != 0
 
 
 def _all_finite(values, lanes):
@@ -329,7 +318,7 @@ def _owner_walk(vn, vs, c0, lanes, lane_loop, by_sample, by_position, ahead, str
         # does not evict the inputs), when the owner's columns are whole lines: grad_input
         # starts on a line, and so does every border's block of C (the owner's V words are
         # whole lines, or stream is off)
-        if _line_aligned(GI) and C % _line_words(dtype) == 0:
+        if cpu_ir.on_a_line(GI[0, 0, 0, 0]) and C % cpu_ir.line_words(dtype) == 0:
             for pos in range(H * W):
                 T.evaluate(T.call_extern("void", f"tvm_ops_stream_x{lanes}_{dtype}",
                                          T.address_of(GI[vn, pos // W, pos % W, vs * C + c0]),
@@ -384,7 +373,7 @@ def _owner_func(dtype: str, tail: bool, lanes_per_owner: int, corner_adds: str, 
     tile_lanes = (wide or G) if tail else V  # the tail's 16-lane owners use half of each row
     llvm_ir = []  # the kernel's own LLVM IR functions
     # the main kernel's owners store V-word rows: whole lines when V words are
-    stream = not tail and V % _line_words(dtype) == 0
+    stream = not tail and cpu_ir.whole_lines(V, dtype)
     if stream:
         llvm_ir.append(cpu_ir.stream_ir(features, V, dtype))
     widths = sorted({V, G} | ({wide} if wide else set()))  # the vector owners' lanes

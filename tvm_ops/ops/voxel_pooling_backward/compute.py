@@ -15,17 +15,6 @@ from ..prefetch import prefetch_words
 from . import LINE_WORDS
 
 
-def streams(V: int, stream: bool) -> bool:
-    """Whether the CPU kernel has the streaming path: asked for, and V-word vectors are whole
-    cache lines (a streamed store must cover its line)."""
-    return stream and V % LINE_WORDS == 0
-
-
-def llvm_ir(features, V: int, stream: bool) -> str:
-    """The kernel's LLVM IR functions (cpu_ir.stream_ir), "" without the streaming path."""
-    return cpu_ir.stream_ir(features, V, "float32") if streams(V, stream) else ""
-
-
 def _gather_cpu(dtype: str, V: int, K: int, stream: bool, ahead: int, stream_min_words: int):
     """Task (b, t) = points [t * K, (t + 1) * K) of batch b, in order (a task within one
     batch: no division by N per point to find a point's batch, which cost the twin case more
@@ -41,7 +30,7 @@ def _gather_cpu(dtype: str, V: int, K: int, stream: bool, ahead: int, stream_min
     ownership of the lines being overwritten. Each task then ends with the fence those
     weakly ordered stores need."""
     zero = tvm.tirx.const(0, dtype)
-    streamed_path = streams(V, stream)
+    streamed_path = stream and cpu_ir.whole_lines(V, "float32")
     stream_fn = f"tvm_ops_stream_x{V}_{dtype}"
 
     @T.prim_func(s_tir=True)
@@ -58,8 +47,7 @@ def _gather_cpu(dtype: str, V: int, K: int, stream: bool, ahead: int, stream_min
                 T.writes(out[vb, 0:N, 0:C])
                 # (B * N * C < 2^31: the checks refuse larger tensors)
                 lined: T.let[T.bool] = T.bool(streamed_path) and B * N * C >= stream_min_words and \
-                    C % LINE_WORDS == 0 and T.call_extern(
-                    "int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0])) != 0
+                    C % LINE_WORDS == 0 and cpu_ir.on_a_line(out[0, 0, 0])
                 for j in range(T.min(K, N - vt * K)):
                     vn: T.let[T.int32] = vt * K + j
                     if ahead > 0 and vn + ahead < N:

@@ -1,7 +1,7 @@
 """Schedule recipes for voxel_pooling_backward (knobs: schedules/voxel_pooling_backward.yaml)."""
 
 from ..voxel_pooling_forward.schedule import vectorize_channels
-from .compute import llvm_ir
+from .. import cpu_ir
 
 
 def llvm(sch, kernel, model, plan):
@@ -12,7 +12,7 @@ def llvm(sch, kernel, model, plan):
     # stretch of grad_input_features
     t = sch.fuse(*sch.get_loops(sch.get_sblock("task")))
     sch.parallel(t)
-    ir = llvm_ir(model.features(), plan["vec"], plan["stream"])
+    ir = cpu_ir.stream_ir_if(model.features(), plan["vec"], "float32", plan["stream"])
     if ir:
         sch.annotate(t, "pragma_import_llvm", ir)
     vectorize_channels(sch, sch.get_loops(sch.get_sblock("copy"))[-1], model, plan)

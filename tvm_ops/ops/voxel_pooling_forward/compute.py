@@ -11,7 +11,6 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...host_buffers import LINE_BYTES
 from .. import cpu_ir, fixed_channels
 
 
@@ -97,17 +96,6 @@ def _pos_memo_tasks(K: int, V: int):
     return pos_memo
 
 
-def streams(dtype: str, V: int, stream: bool) -> bool:
-    """Whether the first-touch walk streams its zero rows: asked for, and a V-lane vector is a
-    whole cache line (a streamed store must cover its line)."""
-    return stream and V * tvm.runtime.DataType(dtype).bits // 8 == LINE_BYTES
-
-
-def llvm_ir(features, dtype: str, V: int, stream: bool) -> str:
-    """The first-touch walk's LLVM IR functions (cpu_ir.stream_ir), "" without streaming."""
-    return cpu_ir.stream_ir(features, V, dtype) if streams(dtype, V, stream) else ""
-
-
 def _zero_unless(dtype: str):
     """zero_unless(cond, value): value where cond holds, else +0, as a bitwise and of value's
     bits with a mask of cond. The same bits as T.Select(cond, value, 0), but of a loaded
@@ -158,11 +146,10 @@ def _pool_bands(dtype: str, V: int, first_touch: bool, listed: int = 0, stream: 
         """Whether the untouched rows' zeros are streamed: asked for, vectors of whole lines,
         a call whose features and output (in words) reach stream_min_words, rows of whole
         vectors, and the output on a line (its rows all are then)."""
-        if not streams(dtype, V, stream):
+        if not (stream and cpu_ir.whole_lines(V, dtype)):
             return tvm.tirx.const(False)
         words = T.Cast("int64", B) * (T.Cast("int64", N) + T.Cast("int64", Y) * X) * C
-        return tvm.tirx.all(words >= stream_min_words, C % V == 0,
-                            T.call_extern("int32", "tvm_ops_line_aligned", T.address_of(out[0, 0, 0, 0])) != 0)
+        return tvm.tirx.all(words >= stream_min_words, C % V == 0, cpu_ir.on_a_line(out[0, 0, 0, 0]))
 
     @T.macro
     def add_row(out, feat, vb, y, x, n, C, seen):

@@ -1,6 +1,6 @@
 """Schedule recipes for voxel_pooling_forward (knobs: schedules/voxel_pooling_forward.yaml)."""
 
-from .compute import llvm_ir
+from .. import cpu_ir
 
 
 def vectorize_channels(sch, loop, model, plan):
@@ -38,7 +38,8 @@ def llvm(sch, kernel, model, plan):
     t = sch.fuse(b, r)
     sch.parallel(t)
     # (float32: the op's one dtype)
-    ir = llvm_ir(model.features(), "float32", plan["vec"], plan["stream_untouched"]) if "first_touch" in kernel else ""
+    ir = cpu_ir.stream_ir_if(model.features(), plan["vec"], "float32", plan["stream_untouched"]) \
+        if "first_touch" in kernel else ""
     if ir:
         sch.annotate(t, "pragma_import_llvm", ir)
     _vectorize_own_lane_adds(sch, sch.get_sblock("band_add"), model, plan)
