@@ -114,6 +114,15 @@ def test_row_bands_cover_every_row_once(monkeypatch, R, Y, zero_fill):
     check(geom, feat, 3, Y, 1, (out, memo))
 
 
+@pytest.mark.parametrize("kept_list", [0, -4096, True, 4096.0, "4096"])
+def test_kept_list_must_be_a_positive_integer(kept_list):
+    """The zero-filled walk's points per list (a tuning record or schedule file may hold any
+    value): anything but a positive int is refused before a kernel is built."""
+    with pytest.raises(ValueError, match=r"kept_list must be a positive integer, got "):
+        OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, kept_list=kept_list))
+    assert OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, kept_list=7))["kept_list"] == 7
+
+
 def test_first_touch_below_four_points_per_output_row():
     """zero_fill auto: the band owners mark first touches while a batch has fewer than 4
     points per output row, else zero-fill their band first; upfront / first_touch force it."""
