@@ -6,11 +6,12 @@ tvm_ops.policy` (pure arithmetic) does not load TVM, and `import tvm_ops` loads
 neither TVM nor torch.
 """
 
-from .errors import ArchMismatchError, BadParamError, ExecutionFailedError, NotSupportedError, OpError
+from .errors import (ArchMismatchError, BadParamError, ExecutionFailedError, NotDeterministicError, NotSupportedError,
+                     OpError)
 from .ops import NAMES as _OPERATOR_NAMES
 
-__all__ = ["ArchMismatchError", "BadParamError", "ExecutionFailedError", "NotSupportedError", "OpError", "clear_call_cache",
-           *_OPERATOR_NAMES]
+__all__ = ["ArchMismatchError", "BadParamError", "ExecutionFailedError", "NotDeterministicError", "NotSupportedError",
+           "OpError", "clear_call_cache", *_OPERATOR_NAMES]
 
 
 def clear_call_cache() -> None:

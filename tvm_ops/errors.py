@@ -23,6 +23,12 @@ class NotSupportedError(OpError):
     status = "NOT_SUPPORTED"
 
 
+class NotDeterministicError(NotSupportedError, RuntimeError):
+    """A call whose kernels add in an order that changes from run to run (CUDA atomics),
+    made while `torch.use_deterministic_algorithms(True)` is set: refused, as PyTorch
+    refuses its own such operations (also a RuntimeError, which PyTorch raises there)."""
+
+
 class ArchMismatchError(OpError):
     """The requested target cannot run here (no GPU for target='cuda'...)."""
 

@@ -8,7 +8,9 @@ graph break and `torch.library.opcheck` passes; a plain eager call skips the dis
 runs the same implementation and formula directly (custom_ops.py). Tensors run where they
 live: CPU tensors on the LLVM kernels, CUDA tensors on the CUDA kernels. Under
 `torch.autocast` every function runs in float32 on float32 casts of its floating inputs
-(custom_ops.py). Under `torch.no_grad()` only the forward runs. Reverse mode only: a tangent reaching a
+(custom_ops.py). Under `torch.no_grad()` only the forward runs. Under
+`torch.use_deterministic_algorithms(True)` a CUDA kernel that adds with atomics raises
+NotDeterministicError (docs/semantics.md, Determinism). Reverse mode only: a tangent reaching a
 differentiable input (torch.func.jvp, jacfwd, forward_ad) raises NotSupportedError instead
 of the zero a custom op would give. Meta tensors run the fake implementations: all of a
 call's tensors on meta, or a BadParamError. Importing this module needs torch and nothing

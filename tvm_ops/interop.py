@@ -15,13 +15,14 @@ import logging
 import math
 import sys
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import forked, host_buffers
-from .errors import BadParamError
+from .errors import BadParamError, NotDeterministicError
 
 log = logging.getLogger(__name__)
 COPY_WARN_BYTES = 1 << 30  # a copy of an input this large is worth a word
@@ -313,6 +314,23 @@ def host_values(value, convert):
                     _host_results.pop(next(iter(_host_results)))
         return result
     return per_version(value, convert, _read_to_host)
+
+
+def refuse_if_deterministic(op_name: str) -> None:
+    """Follow `torch.use_deterministic_algorithms` for a call whose kernels add in any order
+    (Operator.adds_in_any_order), as PyTorch does for its own such operations: with the mode
+    set, NotDeterministicError (a RuntimeError too), or a warning under `warn_only=True`."""
+    import torch
+
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (f"{op_name}: its CUDA kernels add with atomics, in an order that changes from run to run, "
+               f"but torch.use_deterministic_algorithms(True) is set; run it on the CPU (deterministic), or "
+               f"set warn_only=True to accept it (docs/semantics.md, Determinism)")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, stacklevel=5)  # the public call's caller
+        return
+    raise NotDeterministicError(message)
 
 
 def _read_to_host(value, convert):

@@ -99,6 +99,9 @@ class CallPlan:
         self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
         self.given, self.returned_names = tuple(problem.outs), _returned_names(op)
         self.workspaces = (0, ())
+        # PyTorch's deterministic mode is read on every call: it may change between calls
+        self.order_varies = (kernels is not None and problem.kind == "torch"
+                             and op.adds_in_any_order(problem, kernels.plan))
         if kernels is not None:  # None: an empty problem, whose outputs are zeros
             self.workspaces = interop.block_layout(op.workspaces(problem, kernels.plan))
             self.reuses_workspaces = problem.device == "cpu" and 0 < self.workspaces[0] <= REUSED_WORKSPACE_BYTES
@@ -110,6 +113,8 @@ class CallPlan:
 
     def run(self, inputs: dict, out: dict):
         op, problem = self.op, self.problem
+        if self.order_varies:
+            interop.refuse_if_deterministic(op.name)
         op.value_rules(problem, inputs)
         outputs = {name: out[name] for name in self.given}  # the signature says which were given
         if outputs:

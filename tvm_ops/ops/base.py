@@ -79,6 +79,12 @@ class Operator:
         zero-fills them before launch, and a replay on a remote device does the same."""
         return ()
 
+    def adds_in_any_order(self, problem: checks.Problem, plan: dict) -> bool:
+        """Whether the kernels add floats in an order that changes from run to run (CUDA
+        atomics), so that a call's bits may differ between runs: PyTorch's deterministic
+        mode refuses such a call (interop.refuse_if_deterministic). None do by default."""
+        return False
+
     def count(self, kernels: dict, problem: checks.Problem, tensors: dict) -> dict:
         """{symbol: size} of the spec's `counted` sizes (data-dependent outputs): runs the
         kernels that count, into workspaces, and reads the counts on the host. The call path

@@ -136,6 +136,9 @@ class BorderAlignBackward(Operator):
         # CUDA float16: the atomics accumulate in float32, `cast` rounds once into grad_input
         return {"accumulator": ((s["N"], s["H"], s["W"], s["Q"]), "float32")}
 
+    def adds_in_any_order(self, problem, plan):
+        return problem.device == "cuda"  # atomicAdd into grad_input (or its float32 accumulator)
+
     def zeroed(self, problem, plan):
         if problem.device != "cuda":
             return ()  # the CPU owners zero their tiles

@@ -132,6 +132,9 @@ class MsDeformAttnBackward(LevelChecks, Operator):
                     if (fixed or "_fixed_c" not in name) and (prefetch or not name.endswith(IN_CACHE))}
         return {"backward": cuda_backward_compute(dtype, int(plan["threads_h"]))}
 
+    def adds_in_any_order(self, problem, plan):
+        return problem.device == "cuda"  # grad_value by atomicAdd
+
     def zeroed(self, problem, plan):
         return ("grad_value",) if problem.device == "cuda" else ()  # atomicAdd accumulates into it
 

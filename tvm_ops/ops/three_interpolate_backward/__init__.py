@@ -99,6 +99,9 @@ class ThreeInterpolateBackward(Operator):
         s = problem.sizes  # float16: the atomics add in float32, `_cast` rounds once
         return {"accumulator": ((s["B"], s["C"], s["M"]), "float32")}
 
+    def adds_in_any_order(self, problem, plan):
+        return _scatters(problem, plan)  # the owners (CPU, CUDA's `kernel: owner`) add in a fixed order
+
     def zeroed(self, problem, plan):
         if not _scatters(problem, plan):
             return ()  # the owners zero their tiles

@@ -120,6 +120,9 @@ class VoxelPoolingForward(Operator):
         # voxel boundaries [B, Y*X + 1] and the point indices sorted by voxel [B, N]
         return {"voxel_start": ((s["B"], s["Y"] * s["X"] + 1), "int32"), "sorted_points": ((s["B"], s["N"]), "int32")}
 
+    def adds_in_any_order(self, problem, plan):
+        return problem.device == "cuda"  # atomicAdd into output_features
+
     def zeroed(self, problem, plan):
         # CUDA atomics accumulate into the output; the llvm kernels zero their own slices
         return ("output_features",) if problem.device == "cuda" else ()
