@@ -174,7 +174,8 @@ def test_out_checks():
     with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_features'\] must have the dtype of"):
         call(out=np.zeros((2, 4, 3), np.float16))
     strided = np.zeros((2, 4, 6), np.float32)[:, :, ::2]
-    with pytest.raises(tvm_ops.NotSupportedError, match=r"must be C-contiguous") as info:
+    with pytest.raises(tvm_ops.NotSupportedError, match=r"must be C-contiguous, got strides \[24, 6, 2\] for shape "
+                       r"\[2, 4, 3\]; strided outputs are not supported") as info:
         call(out=strided)
     assert info.value.status == "NOT_SUPPORTED"
 

@@ -57,10 +57,19 @@ def int_param(op: str, name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, out_as_is=None) -> Problem:
+def _element_strides(value) -> list:
+    """A tensor's strides in elements (numpy gives bytes)."""
+    if isinstance(value, np.ndarray):
+        return [stride // value.itemsize for stride in value.strides]
+    return list(value.stride())
+
+
+def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, out_as_is=None,
+          out_layouts=None) -> Problem:
     """Validate one call; return the Problem or raise before any data is touched. out_as_is(name,
     info): whether the operator writes the out= buffer of output `name` in its own strided
-    layout (`Operator.output_taken_as_is`); every other out= buffer must be C-contiguous."""
+    layout (`Operator.output_taken_as_is`); every other out= buffer must be C-contiguous.
+    out_layouts(name): those layouts in words, for the error (`Operator.output_layouts`)."""
     op = spec.op
     # 1. missing tensors (describe raises on None and on non-tensors)
     infos = {t.name: interop.describe(t.name, inputs.get(t.name)) for t in spec.inputs}
@@ -88,7 +97,10 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, o
             raise BadParamError(f"{op}: {info.name} has non-native byte order ({info.value.dtype.str}); give a "
                                 f"native-order output buffer")
         if not info.contiguous and not (out_as_is is not None and out_as_is(name, info)):
-            raise NotSupportedError(f"{op}: {info.name} must be C-contiguous; strided outputs are not supported")
+            layouts = out_layouts(name) if out_layouts is not None else ""
+            raise NotSupportedError(f"{op}: {info.name} must be C-contiguous{' or ' + layouts if layouts else ''}, "
+                                    f"got strides {_element_strides(info.value)} for shape {list(info.shape)}; "
+                                    f"{'other ' if layouts else ''}strided outputs are not supported")
     # 4. dtypes
     dtypes = {}
     for t in spec.inputs + spec.outputs:

@@ -68,6 +68,11 @@ class Operator:
         its own layout although not contiguous (none by default: every out= buffer C-contiguous)."""
         return False
 
+    def output_layouts(self, name: str) -> str:
+        """The strided layouts of output_taken_as_is, in words, for the error a strided out=
+        buffer of output `name` gets ("": none, C-contiguous only)."""
+        return ""
+
     def parallel_loops(self, problem: checks.Problem, knobs: dict) -> int:
         """How many parallel loops a CPU call of `problem` runs with these knobs (each hands
         out its work and waits for TVM's workers: the policy's one-core threshold scales with
@@ -127,7 +132,8 @@ class Operator:
         from ..invocation import CallPlan
 
         model = targets.resolve(target)
-        problem = checks.check(self.spec, inputs, params, out, self.rules, self.output_taken_as_is)
+        problem = checks.check(self.spec, inputs, params, out, self.rules, self.output_taken_as_is,
+                               self.output_layouts)
         device = "cuda" if model.kind == "cuda" else "cpu"
         if problem.device != device:
             from ..errors import BadParamError

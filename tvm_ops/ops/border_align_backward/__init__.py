@@ -104,6 +104,10 @@ class BorderAlignBackward(Operator):
         # a channels-first view on the CPU: launch transposes the kernels' rows into it
         return name == "grad_input" and info.device == "cpu" and is_channels_first_view(info)
 
+    def output_layouts(self, name):
+        return ("a channels-first view on the CPU (a contiguous [N, 4C, H, W] tensor permuted to [N, H, W, 4C]: "
+                "mmcv's layout)" if name == "grad_input" else "")
+
     def plan(self, model, knobs):
         """The seed's policy (../shared/seeds/border_align_backward.md, 3.2), step by step.
 
