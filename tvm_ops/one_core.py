@@ -16,6 +16,9 @@ the same bits as the parallel kernel.
 
 from __future__ import annotations
 
+# TVM's pragmas that put several parallel loops in one launch, with barriers between them
+PARALLEL_LAUNCH_PRAGMAS = ("pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish")
+
 
 def serial_kernel(func):
     """`func` (a scheduled PrimFunc) with every parallel loop serial and, if it had one, its
@@ -35,7 +38,12 @@ def serial_kernel(func):
         return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
                         loop.thread_binding, loop.annotations, loop.step, loop.span)
 
-    serial_func = tvm_ffi.structural_map(func, (tirx.For, serial))
+    def outside_any_launch(attr):
+        # a launch point and its barriers (TVM's pragmas; one parallel launch for several
+        # loops) mean nothing without parallel loops, and TVM refuses a launch without one
+        return attr.body if attr.attr_key in PARALLEL_LAUNCH_PRAGMAS else attr
+
+    serial_func = tvm_ffi.structural_map(func, [(tirx.For, serial), (tirx.AttrStmt, outside_any_launch)])
     if serial_func.same_as(func):
         return func  # no parallel loop: the kernel as it is
     return element_aligned(serial_func)

@@ -33,10 +33,14 @@ FIXED_COLUMNS = (3, 4)
 # the two-part grouping (group_split): points cut in SPLIT_PARTS parts, the keys in as many
 # sides by the row's top COARSE_BITS bits; SHARED_WORDS words of shared state (compute.py)
 SPLIT_PARTS = 2
-GROUP_SPLIT_LOOPS = 5  # group_split's parallel regions (A, C, E, F, G in compute.py)
+# group_split's parallel loops (A-G in compute.py: one launch, barriers between them; B and D
+# work on one thread while the other waits). The one-core threshold counts all seven: with
+# TVM's workers asleep (torch callers) the two-core call at 4294 points still took 147 us
+# against 97 on one core (docs/performance.md, "small calls on one core")
+GROUP_SPLIT_LOOPS = 7
 COARSE_BITS = 10
 COARSE = 1 << COARSE_BITS
-SHARED_WORDS = 7
+SHARED_WORDS = 9
 GROUP_KERNELS = {"radix": tuple(f"{name}{d}" for name in ("group_rows", "group_split")
                                 for d in ("",) + tuple(f"_d{d}" for d in FIXED_COLUMNS)),
                  "bitonic": ("bitonic_init", "bitonic_step", "bitonic_tile", "head_flags",

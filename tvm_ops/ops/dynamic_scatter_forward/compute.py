@@ -73,6 +73,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from .. import fixed_channels
+from ...one_core import PARALLEL_LAUNCH_PRAGMAS
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import point, scratch_scope, vectors
 from ..prefetch import prefetch_words
@@ -85,8 +86,12 @@ INT_BITS = 31  # a coordinate of a kept point is a non-negative int32
 KEY_BITS = 63
 KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index takes a bit at least)
 # group_split's small shared state (SHARED_WORDS words) at KEPT (kept points per part), SIDE0
-# (keys on side 0), SPLIT_BIN, VOXELS (per side), PART0_SIDE0 (part 0's keys on side 0)
-KEPT, SIDE0, SPLIT_BIN, VOXELS, PART0_SIDE0 = 0, 2, 3, 4, 6
+# (keys on side 0), SPLIT_BIN, VOXELS (per side), PART0_SIDE0 (part 0's keys on side 0), TOTAL
+# (a key's row bits) and INDEX_BITS (a point index's)
+KEPT, SIDE0, SPLIT_BIN, VOXELS, PART0_SIDE0, TOTAL, INDEX_BITS = 0, 2, 3, 4, 6, 7, 8
+# TVM's CPU code generator: one parallel launch (a closure every thread runs) for the loops
+# inside LAUNCH_POINT, a barrier of all its threads after each statement inside BARRIER
+LAUNCH_POINT, BARRIER = PARALLEL_LAUNCH_PRAGMAS
 MAX_COLUMNS = 8  # group_split's columns at most (a part's maxima in registers); more: count -1
 
 
@@ -462,148 +467,175 @@ def group_computes(kind: str, tile: int, small_sort_keys: int, small_radix_bits:
                 T.writes(order[0:P], keys[0:N], keys_tmp[0:N], keys_alt[0:N], bits[0:D], part_max[0:2, 0:D],
                          coarse[0:2, 0:COARSE], shared[0:SHARED_WORDS], start[0:S], voxel_of[0:N], point_map[0:N],
                          count[0])
-                state = T.alloc_buffer((4,), "int32", scope=small)
                 count[0] = -1  # rows too wide for one key, or more columns than MAX_COLUMNS
                 if D <= MAX_COLUMNS:
                     half = T.Bind((N + 1) // 2)  # part p: points [p * half, p * half + points of it)
-                    # A. per part of the points: how many are kept, each column's largest value
-                    for part in part_loop(SPLIT_PARTS):
-                        with T.sblock("part_widths"):
-                            T.reads()
-                            T.writes()
-                            # (the running values in registers: both parts' maxima share a line)
-                            flag = T.alloc_buffer((1,), "int32", scope=small)
-                            here = T.alloc_buffer((1,), "int32", scope=small)
-                            largest = T.alloc_buffer((MAX_COLUMNS,), "int32", scope=small)
-                            # (loops over all MAX_COLUMNS: a buffer indexed below D would be
-                            # compacted to a symbolic size, which CUDA cannot allocate)
-                            here[0] = 0
-                            for d in range(MAX_COLUMNS):
-                                largest[d] = 0
-                            for i in range(_part_size(N, part, half)):
-                                _dropped_into(flag, coors, part * half + i, D)
-                                if flag[0] == 0:
-                                    here[0] = here[0] + 1
+                    # one parallel launch: the parts' loops wait for each other at TVM's barriers, the
+                    # serial steps run on the first part's thread (a launch per loop woke TVM's sleeping
+                    # workers once per loop: docs/kernels/dynamic_scatter_forward.md)
+                    with T.attr(0, LAUNCH_POINT, 1):
+                        with T.attr(0, BARRIER, 1):
+                            # A. per part of the points: how many are kept, each column's largest value
+                            for part in part_loop(SPLIT_PARTS):
+                                with T.sblock("part_widths"):
+                                    T.reads()
+                                    T.writes()
+                                    # (the running values in registers: both parts' maxima share a line)
+                                    flag = T.alloc_buffer((1,), "int32", scope=small)
+                                    here = T.alloc_buffer((1,), "int32", scope=small)
+                                    largest = T.alloc_buffer((MAX_COLUMNS,), "int32", scope=small)
+                                    # (loops over all MAX_COLUMNS: a buffer indexed below D would be
+                                    # compacted to a symbolic size, which CUDA cannot allocate)
+                                    here[0] = 0
+                                    for d in range(MAX_COLUMNS):
+                                        largest[d] = 0
+                                    for i in range(_part_size(N, part, half)):
+                                        _dropped_into(flag, coors, part * half + i, D)
+                                        if flag[0] == 0:
+                                            here[0] = here[0] + 1
+                                            for d in range(MAX_COLUMNS):
+                                                if d < D:
+                                                    largest[d] = T.max(largest[d], coors[part * half + i, d])
                                     for d in range(MAX_COLUMNS):
                                         if d < D:
-                                            largest[d] = T.max(largest[d], coors[part * half + i, d])
-                            for d in range(MAX_COLUMNS):
-                                if d < D:
-                                    part_max[part, d] = largest[d]
-                            shared[KEPT + part] = here[0]
-                    # B. the widths, as the serial kernel
-                    for d in range(D):
-                        bits[d] = T.max(part_max[0, d], part_max[1, d])
-                    _widths_into(state, bits, N, D)
-                    total = T.Bind(state[2])
-                    index_bits = T.Bind(state[3])
-                    kept = T.Bind(shared[KEPT] + shared[KEPT + 1])
-                    if total + index_bits <= KEY_BITS:
-                        # a key's coarse bin: the row's top COARSE_BITS bits
-                        coarse_shift = T.Bind(index_bits + T.max(total - COARSE_BITS, 0))
-                        # C. per part: its kept points' keys in index order (after the kept points
-                        # of the parts before), its dropped points after all kept ones; each
-                        # part's histogram of coarse bins
-                        for part in part_loop(SPLIT_PARTS):
-                            with T.sblock("part_keys"):
-                                T.reads()
-                                T.writes()
-                                flag = T.alloc_buffer((1,), "int32", scope=small)
-                                key = T.alloc_buffer((1,), "int64", scope=small)
-                                at = T.alloc_buffer((2,), "int32", scope=small)
-                                for b in range(COARSE):
-                                    coarse[part, b] = 0
-                                at[0] = T.Select(part == 0, 0, shared[KEPT])
-                                at[1] = kept + T.Select(part == 0, 0, half - shared[KEPT])
-                                for i in range(_part_size(N, part, half)):
-                                    _dropped_into(flag, coors, part * half + i, D)
-                                    if flag[0] == 0:
-                                        _packed_row_into(key, coors, part * half + i, bits, D)
-                                        bin_ = T.Bind(T.Cast("int32", T.shift_right(key[0], T.Cast(
-                                            "int64", coarse_shift - index_bits))))
-                                        coarse[part, bin_] = coarse[part, bin_] + 1
-                                        keys[at[0]] = T.bitwise_or(T.shift_left(key[0], T.Cast("int64", index_bits)),
-                                                                   T.Cast("int64", part * half + i))
-                                        at[0] = at[0] + 1
-                                    else:
-                                        order[at[1]] = part * half + i
-                                        at[1] = at[1] + 1
-                        # D. the split: side 0 the bins below the first one where half the kept
-                        # points lie below, side 1 the rest (a row's keys share a bin: one side);
-                        # and how many of part 0's keys go to side 0
-                        state[0] = 0  # the keys in the bins below b
-                        state[1] = COARSE
-                        shared[PART0_SIDE0] = 0
-                        for b in range(COARSE):
-                            if state[1] == COARSE and 2 * state[0] >= kept:
-                                state[1] = b
-                                shared[SIDE0] = state[0]
-                            if state[1] == COARSE:
-                                shared[PART0_SIDE0] = shared[PART0_SIDE0] + coarse[0, b]
-                            state[0] = state[0] + coarse[0, b] + coarse[1, b]
-                        if state[1] == COARSE:
-                            shared[SIDE0] = kept
-                        shared[SPLIT_BIN] = state[1]
-                        # E. each part's keys to their sides, in index order (side s's keys
-                        # from part 0 first): a stable partition, branch-free (which side a key
-                        # goes to is as random as the points)
-                        for part in part_loop(SPLIT_PARTS):
-                            with T.sblock("part_sides"):
-                                T.reads()
-                                T.writes()
-                                at = T.alloc_buffer((2,), "int32", scope=small)
-                                at[0] = T.Select(part == 0, 0, shared[PART0_SIDE0])
-                                at[1] = shared[SIDE0] + T.Select(part == 0, 0, shared[KEPT] - shared[PART0_SIDE0])
-                                for i in range(shared[KEPT + part]):
-                                    key_at = T.Bind(T.Select(part == 0, 0, shared[KEPT]) + i)
-                                    to_side = T.Bind(T.Cast("int32", T.Cast("int32", T.shift_right(
-                                        keys[key_at], T.Cast("int64", coarse_shift))) >= shared[SPLIT_BIN]))
-                                    keys_tmp[at[to_side]] = keys[key_at]
-                                    at[to_side] = at[to_side] + 1
-                        # F. per side: its keys sorted as the serial kernel does, then walked:
-                        # order, each voxel's number in the side
-                        for side in part_loop(SPLIT_PARTS):
-                            with T.sblock("side_sort"):
-                                T.reads()
-                                T.writes()
-                                key_hist = T.alloc_buffer((KEY_PASSES * RADIX,), "int32", scope="local")
-                                at = T.alloc_buffer((1,), "int32", scope=small)
-                                total_ = T.alloc_buffer((1,), "int32", scope=small)
-                                flag = T.alloc_buffer((1,), "int32", scope=small)
-                                first = T.Bind(T.Select(side == 0, 0, shared[SIDE0]))
-                                size = T.Bind(T.Select(side == 0, shared[SIDE0], kept - shared[SIDE0]))
-                                _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits, total_,
-                                           small_sort_keys, small_radix_bits)
-                                at[0] = 0  # the side's voxels so far
-                                # (side 0's numbers are final: it records its starts and map)
-                                _walk_into(order, voxel_of, start, point_map, keys_tmp, first, size, index_bits,
-                                           flag, at, side == 0)
-                                shared[VOXELS + side] = at[0]
-                        # G. side 1's voxels numbered after side 0's, in two halves
-                        for part in part_loop(SPLIT_PARTS):
-                            with T.sblock("side_numbers"):
-                                T.reads()
-                                T.writes()
-                                flag = T.alloc_buffer((1,), "int32", scope=small)
-                                first = T.Bind(shared[SIDE0])
-                                size = T.Bind(kept - shared[SIDE0])
-                                half_size = T.Bind((size + 1) // 2)
-                                for i in range(_part_size(size, part, half_size)):
-                                    at = T.Bind(first + part * half_size + i)
-                                    voxel = T.Bind(voxel_of[at] + shared[VOXELS])
-                                    voxel_of[at] = voxel
-                                    _starts_voxel_into(flag, keys_tmp, at, first, index_bits)
-                                    if flag[0] == 1:
-                                        start[voxel - 1] = at
-                        # H. side 1's map on this thread: its points are as random as any, and two
-                        # cores storing into one map would share its lines
-                        for i in range(kept - shared[SIDE0]):
+                                            part_max[part, d] = largest[d]
+                                    shared[KEPT + part] = here[0]
+                        with T.attr(0, BARRIER, 1):
+                            # B. the widths, as the serial kernel, on part 0's thread
+                            for part in part_loop(SPLIT_PARTS):
+                                with T.sblock("widths"):
+                                    T.reads()
+                                    T.writes()
+                                    state = T.alloc_buffer((4,), "int32", scope=small)
+                                    if part == 0:
+                                        for d in range(D):
+                                            bits[d] = T.max(part_max[0, d], part_max[1, d])
+                                        _widths_into(state, bits, N, D)
+                                        shared[TOTAL] = state[2]
+                                        shared[INDEX_BITS] = state[3]
+                        total = T.Bind(shared[TOTAL])
+                        index_bits = T.Bind(shared[INDEX_BITS])
+                        kept = T.Bind(shared[KEPT] + shared[KEPT + 1])
+                        if total + index_bits <= KEY_BITS:
+                            # a key's coarse bin: the row's top COARSE_BITS bits
+                            coarse_shift = T.Bind(index_bits + T.max(total - COARSE_BITS, 0))
+                            with T.attr(0, BARRIER, 1):
+                                # C. per part: its kept points' keys in index order (after the kept points
+                                # of the parts before), its dropped points after all kept ones; each
+                                # part's histogram of coarse bins
+                                for part in part_loop(SPLIT_PARTS):
+                                    with T.sblock("part_keys"):
+                                        T.reads()
+                                        T.writes()
+                                        flag = T.alloc_buffer((1,), "int32", scope=small)
+                                        key = T.alloc_buffer((1,), "int64", scope=small)
+                                        at = T.alloc_buffer((2,), "int32", scope=small)
+                                        for b in range(COARSE):
+                                            coarse[part, b] = 0
+                                        at[0] = T.Select(part == 0, 0, shared[KEPT])
+                                        at[1] = kept + T.Select(part == 0, 0, half - shared[KEPT])
+                                        for i in range(_part_size(N, part, half)):
+                                            _dropped_into(flag, coors, part * half + i, D)
+                                            if flag[0] == 0:
+                                                _packed_row_into(key, coors, part * half + i, bits, D)
+                                                bin_ = T.Bind(T.Cast("int32", T.shift_right(key[0], T.Cast(
+                                                    "int64", coarse_shift - index_bits))))
+                                                coarse[part, bin_] = coarse[part, bin_] + 1
+                                                keys[at[0]] = T.bitwise_or(
+                                                    T.shift_left(key[0], T.Cast("int64", index_bits)),
+                                                    T.Cast("int64", part * half + i))
+                                                at[0] = at[0] + 1
+                                            else:
+                                                order[at[1]] = part * half + i
+                                                at[1] = at[1] + 1
+                            with T.attr(0, BARRIER, 1):
+                                # D. the split: side 0 the bins below the first one where half the kept
+                                # points lie below, side 1 the rest (a row's keys share a bin: one
+                                # side); and how many of part 0's keys go to side 0 (on part 0's thread)
+                                for part in part_loop(SPLIT_PARTS):
+                                    with T.sblock("split"):
+                                        T.reads()
+                                        T.writes()
+                                        state = T.alloc_buffer((4,), "int32", scope=small)
+                                        if part == 0:
+                                            state[0] = 0  # the keys in the bins below b
+                                            state[1] = COARSE
+                                            shared[PART0_SIDE0] = 0
+                                            for b in range(COARSE):
+                                                if state[1] == COARSE and 2 * state[0] >= kept:
+                                                    state[1] = b
+                                                    shared[SIDE0] = state[0]
+                                                if state[1] == COARSE:
+                                                    shared[PART0_SIDE0] = shared[PART0_SIDE0] + coarse[0, b]
+                                                state[0] = state[0] + coarse[0, b] + coarse[1, b]
+                                            if state[1] == COARSE:
+                                                shared[SIDE0] = kept
+                                            shared[SPLIT_BIN] = state[1]
+                            with T.attr(0, BARRIER, 1):
+                                # E. each part's keys to their sides, in index order (side s's keys
+                                # from part 0 first): a stable partition, branch-free (which side a key
+                                # goes to is as random as the points)
+                                for part in part_loop(SPLIT_PARTS):
+                                    with T.sblock("part_sides"):
+                                        T.reads()
+                                        T.writes()
+                                        at = T.alloc_buffer((2,), "int32", scope=small)
+                                        at[0] = T.Select(part == 0, 0, shared[PART0_SIDE0])
+                                        at[1] = shared[SIDE0] + T.Select(part == 0, 0,
+                                                                         shared[KEPT] - shared[PART0_SIDE0])
+                                        for i in range(shared[KEPT + part]):
+                                            key_at = T.Bind(T.Select(part == 0, 0, shared[KEPT]) + i)
+                                            to_side = T.Bind(T.Cast("int32", T.Cast("int32", T.shift_right(
+                                                keys[key_at], T.Cast("int64", coarse_shift))) >= shared[SPLIT_BIN]))
+                                            keys_tmp[at[to_side]] = keys[key_at]
+                                            at[to_side] = at[to_side] + 1
+                            with T.attr(0, BARRIER, 1):
+                                # F. per side: its keys sorted as the serial kernel does, then walked:
+                                # order, each voxel's number in the side
+                                for side in part_loop(SPLIT_PARTS):
+                                    with T.sblock("side_sort"):
+                                        T.reads()
+                                        T.writes()
+                                        key_hist = T.alloc_buffer((KEY_PASSES * RADIX,), "int32", scope="local")
+                                        at = T.alloc_buffer((1,), "int32", scope=small)
+                                        total_ = T.alloc_buffer((1,), "int32", scope=small)
+                                        flag = T.alloc_buffer((1,), "int32", scope=small)
+                                        first = T.Bind(T.Select(side == 0, 0, shared[SIDE0]))
+                                        size = T.Bind(T.Select(side == 0, shared[SIDE0], kept - shared[SIDE0]))
+                                        _sort_keys(key_hist, keys_tmp, keys_alt, first, size, total, index_bits, total_,
+                                                   small_sort_keys, small_radix_bits)
+                                        at[0] = 0  # the side's voxels so far
+                                        # (side 0's numbers are final: it records its starts and map)
+                                        _walk_into(order, voxel_of, start, point_map, keys_tmp, first, size, index_bits,
+                                                   flag, at, side == 0)
+                                        shared[VOXELS + side] = at[0]
+                            # G. side 1's voxels numbered after side 0's, in two halves
+                            for part in part_loop(SPLIT_PARTS):
+                                with T.sblock("side_numbers"):
+                                    T.reads()
+                                    T.writes()
+                                    flag = T.alloc_buffer((1,), "int32", scope=small)
+                                    first = T.Bind(shared[SIDE0])
+                                    size = T.Bind(kept - shared[SIDE0])
+                                    half_size = T.Bind((size + 1) // 2)
+                                    for i in range(_part_size(size, part, half_size)):
+                                        at = T.Bind(first + part * half_size + i)
+                                        voxel = T.Bind(voxel_of[at] + shared[VOXELS])
+                                        voxel_of[at] = voxel
+                                        _starts_voxel_into(flag, keys_tmp, at, first, index_bits)
+                                        if flag[0] == 1:
+                                            start[voxel - 1] = at
+                    # H. side 1's map on the calling thread, once the launch is done: its points are
+                    # as random as any, and two cores storing into one map would share its lines
+                    if shared[TOTAL] + shared[INDEX_BITS] <= KEY_BITS:
+                        kept_points = T.Bind(shared[KEPT] + shared[KEPT + 1])
+                        for i in range(kept_points - shared[SIDE0]):
                             point_map[order[shared[SIDE0] + i]] = voxel_of[shared[SIDE0] + i] - 1
                         voxels = T.Bind(shared[VOXELS] + shared[VOXELS + 1])
-                        for i in range(N - kept):
-                            voxel_of[kept + i] = voxels
-                            point_map[order[kept + i]] = -1
-                        start[voxels] = kept
+                        for i in range(N - kept_points):
+                            voxel_of[kept_points + i] = voxels
+                            point_map[order[kept_points + i]] = -1
+                        start[voxels] = kept_points
                         count[0] = voxels
 
     @T.prim_func(s_tir=True)
