@@ -24,9 +24,12 @@ from tvm import tirx
 from tvm.backend.cuda.op import cuda_atomic_add
 from tvm.script import tirx as T
 
+from ...one_core import PARALLEL_LAUNCH_PRAGMAS
 from .. import task_queue
 from ..ms_deform_attn_sampling import block_corners_macro, cuda_fma_position
 from ..prefetch import prefetch_words
+
+LAUNCH_POINT, BARRIER = PARALLEL_LAUNCH_PRAGMAS  # TVM's one launch for several loops (one_core.py)
 
 # rows ahead that the private kernel's slice copy and write-back prefetch
 SLICE_ROWS_AHEAD = 16
@@ -386,68 +389,73 @@ def cpu_backward_compute(dtype: str, lanes: int, private: bool, prefetch: int, c
         gv_rows = T.decl_buffer((B * K * H, C), dtype, data=gv.data, align=EL)
         gv_flat = T.decl_buffer((B * K * H * C,), dtype, data=gv.data, align=EL)
         value_flat = T.decl_buffer((B * K * H * C,), dtype, data=value.data, align=EL)
-        if not private:
-            # grad_value is contiguous: one flat fill (per row, a symbolic C became a
-            # memset call per 128-byte row)
-            for i in T.parallel(B * K * H * C // V):
-                for j in T.vectorized(V):
-                    gv_flat[i * V + j] = zero
-            for i in range(B * K * H * C % V):
-                gv_flat[B * K * H * C // V * V + i] = zero
         # slices are handed out one at a time (task_queue): a slower core takes fewer
         next_slice = T.alloc_buffer((1,), "int32")
         next_slice[0] = 0
-        for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.worker_annotations()):
-            with T.sblock("worker"):
-                T.reads()
-                T.writes()
-                bh = T.sblock_alloc_buffer((1,), "int32")
-                bh[0] = task_queue.next_task(next_slice)
-                while bh[0] < B * H:
-                    with T.sblock("slice"):
-                        # opaque: nothing schedules these blocks (they only scope the workspaces)
-                        T.reads()
-                        T.writes()
-                        b: T.let = bh[0] // H
-                        h: T.let = bh[0] % H
-                        # a query block's cells (block_corners), slot p: rows, weights * attention,
-                        # lh, lw, attention, 1 where the sample passes the validity test
-                        cells = T.meta_var([T.sblock_alloc_buffer((P, 4, QB), "int32"),
-                                            T.sblock_alloc_buffer((P, 4, QB), dtype),
-                                            T.sblock_alloc_buffer((P, QB), dtype),
-                                            T.sblock_alloc_buffer((P, QB), dtype),
-                                            T.sblock_alloc_buffer((P, QB), dtype),
-                                            T.sblock_alloc_buffer((P, QB), "int32")])
-                        if private:
-                            vbuf = T.sblock_alloc_buffer((K, C), dtype)
-                            gbuf = T.sblock_alloc_buffer((K, C), dtype)
-                            for r in range(K):
-                                # the slice's rows are H rows apart: prefetching them (here and in
-                                # the write-back) beat leaving the strided stream to the hardware
-                                if r + SLICE_ROWS_AHEAD < K:
-                                    ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
-                                    prefetch_words(lambda w: value_flat[ahead_row + w], C, 0)
-                                for c0 in range(C // V):
-                                    for j in T.vectorized(V):
-                                        vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
-                                        gbuf[r, c0 * V + j] = zero
-                                for c in range(C % V):
-                                    vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
-                                    gbuf[r, C // V * V + c] = zero
-                            samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, cells, b, h, K, Q,
-                                    L, P, C, H, flat)
-                            for r in range(K):
-                                if r + SLICE_ROWS_AHEAD < K:
-                                    ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
-                                    prefetch_words(lambda w: gv_flat[ahead_row + w], C, 1)
-                                for c0 in range(C // V):
-                                    for j in T.vectorized(V):
-                                        gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]
-                                for c in range(C % V):
-                                    gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
-                        else:
-                            samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc, gattn,
-                                    cells, b, h, K, Q, L, P, C, H, flat)
+        if not private:
+            for i in range(B * K * H * C % V):  # the fill's tail
+                gv_flat[B * K * H * C // V * V + i] = zero
+        # one parallel launch: grad_value's fill, a barrier, the slices (torch callers' sleeping
+        # workers are woken once: docs/kernels/ms_deform_attn_backward.md)
+        with T.attr(0, LAUNCH_POINT, 1):
+            if not private:
+                # grad_value is contiguous: one flat fill (per row, a symbolic C became a
+                # memset call per 128-byte row)
+                with T.attr(0, BARRIER, 1):
+                    for i in T.parallel(B * K * H * C // V):
+                        for j in T.vectorized(V):
+                            gv_flat[i * V + j] = zero
+            for _worker in T.parallel(task_queue.WORKERS, annotations=task_queue.worker_annotations()):
+                with T.sblock("worker"):
+                    T.reads()
+                    T.writes()
+                    bh = T.sblock_alloc_buffer((1,), "int32")
                     bh[0] = task_queue.next_task(next_slice)
+                    while bh[0] < B * H:
+                        with T.sblock("slice"):
+                            # opaque: nothing schedules these blocks (they only scope the workspaces)
+                            T.reads()
+                            T.writes()
+                            b: T.let = bh[0] // H
+                            h: T.let = bh[0] % H
+                            # a query block's cells (block_corners), slot p: rows, weights * attention,
+                            # lh, lw, attention, 1 where the sample passes the validity test
+                            cells = T.meta_var([T.sblock_alloc_buffer((P, 4, QB), "int32"),
+                                                T.sblock_alloc_buffer((P, 4, QB), dtype),
+                                                T.sblock_alloc_buffer((P, QB), dtype),
+                                                T.sblock_alloc_buffer((P, QB), dtype),
+                                                T.sblock_alloc_buffer((P, QB), dtype),
+                                                T.sblock_alloc_buffer((P, QB), "int32")])
+                            if private:
+                                vbuf = T.sblock_alloc_buffer((K, C), dtype)
+                                gbuf = T.sblock_alloc_buffer((K, C), dtype)
+                                for r in range(K):
+                                    # the slice's rows are H rows apart: prefetching them (here and in
+                                    # the write-back) beat leaving the strided stream to the hardware
+                                    if r + SLICE_ROWS_AHEAD < K:
+                                        ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
+                                        prefetch_words(lambda w: value_flat[ahead_row + w], C, 0)
+                                    for c0 in range(C // V):
+                                        for j in T.vectorized(V):
+                                            vbuf[r, c0 * V + j] = value[b, r, h, c0 * V + j]
+                                            gbuf[r, c0 * V + j] = zero
+                                    for c in range(C % V):
+                                        vbuf[r, C // V * V + c] = value[b, r, h, C // V * V + c]
+                                        gbuf[r, C // V * V + c] = zero
+                                samples(vbuf, gbuf, 1, 0, shapes, lsi, loc, attn, gout, gloc, gattn, cells, b, h, K, Q,
+                                        L, P, C, H, flat)
+                                for r in range(K):
+                                    if r + SLICE_ROWS_AHEAD < K:
+                                        ahead_row = T.meta_var(((b * K + r + SLICE_ROWS_AHEAD) * H + h) * C)
+                                        prefetch_words(lambda w: gv_flat[ahead_row + w], C, 1)
+                                    for c0 in range(C // V):
+                                        for j in T.vectorized(V):
+                                            gv[b, r, h, c0 * V + j] = gbuf[r, c0 * V + j]
+                                    for c in range(C % V):
+                                        gv[b, r, h, C // V * V + c] = gbuf[r, C // V * V + c]
+                            else:
+                                samples(value_rows, gv_rows, H, b * K * H + h, shapes, lsi, loc, attn, gout, gloc,
+                                        gattn, cells, b, h, K, Q, L, P, C, H, flat)
+                        bh[0] = task_queue.next_task(next_slice)
 
     return backward
