@@ -99,6 +99,28 @@ def test_a_new_size_displaces_the_sizes_given_back_longest_ago(cache, monkeypatc
     assert address(cache.empty((SMALL // 4,), np.float32)) != where and cache.cached_bytes() == 0
 
 
+def test_sizes_without_a_free_block_are_forgotten(cache, monkeypatch):
+    """The free list holds only sizes with a block: a size not kept (over the limit), taken
+    again or displaced leaves no entry behind (data-dependent sizes would pile up)."""
+    monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", str(2 * SMALL / (1 << 20)))
+    huge = cache.empty((SMALL,), np.float32)  # 4 * SMALL bytes: over the limit on its own
+    del huge
+    gc.collect()
+    assert list(cache._free) == []
+    first = cache.empty((SMALL // 4,), np.float32)
+    del first
+    gc.collect()
+    assert list(cache._free) == [SMALL]
+    taken = cache.empty((SMALL // 4,), np.float32)
+    assert list(cache._free) == []
+    bigger = cache.empty(((SMALL + 1024) // 4,), np.float32)
+    del taken
+    gc.collect()
+    del bigger  # SMALL + 1024 more bytes than the limit allows beside SMALL: SMALL's block goes
+    gc.collect()
+    assert list(cache._free) == [SMALL + 1024]
+
+
 def test_limit_zero_turns_the_cache_off(cache, monkeypatch):
     monkeypatch.setenv("TVM_OPS_HOST_CACHE_MB", "0")
     array = cache.empty((SMALL,), np.float32)

@@ -62,7 +62,7 @@ DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "in
 # re-entrant: _give_back is a finalizer and may run inside a garbage collection anywhere,
 # this module included (nothing under the lock creates an object that could start one)
 _lock = threading.RLock()
-_free: dict[int, list[mmap.mmap]] = {}  # byte size -> unused blocks
+_free: dict[int, list[mmap.mmap]] = {}  # byte size -> its unused blocks (never none), least recent size first
 _free_bytes = 0
 
 
@@ -177,7 +177,10 @@ def _take(nbytes: int):
         if not blocks:
             return None
         _free_bytes -= nbytes
-        return blocks.pop()
+        block = blocks.pop()
+        if not blocks:
+            del _free[nbytes]  # a size with no free block is forgotten (sizes come and go)
+        return block
 
 
 def _give_back(block: mmap.mmap) -> None:
@@ -197,19 +200,21 @@ def _give_back(block: mmap.mmap) -> None:
     fresh: list = []  # the size's list, should it have none
     oldest_first = list(_free)  # the sizes, least recently given back first
     with _lock:
-        blocks = _free.pop(nbytes, fresh)
-        _free[nbytes] = blocks  # this size is now the most recent
-        if nbytes > limit:
-            return
-        i = 0
-        while _free_bytes + nbytes > limit and i < len(oldest_first):
-            size = oldest_first[i]
-            victims = _free.get(size) if size != nbytes else None
-            if victims:
-                victims.pop()  # unmapped as its last reference goes (free: no view of it is alive)
-                _free_bytes -= size
-            else:
-                i += 1
-        if _free_bytes + nbytes <= limit:
-            blocks.append(block)
-            _free_bytes += nbytes
+        blocks = _free.pop(nbytes, fresh)  # out of the order: back in as the most recent, if kept
+        if nbytes <= limit:
+            i = 0
+            while _free_bytes + nbytes > limit and i < len(oldest_first):
+                size = oldest_first[i]
+                victims = _free.get(size)  # (nbytes was taken out above: never its own)
+                if victims:
+                    victims.pop()  # unmapped as its last reference goes (free: no view of it is alive)
+                    _free_bytes -= size
+                    if not victims:
+                        del _free[size]
+                else:
+                    i += 1
+            if _free_bytes + nbytes <= limit:
+                blocks.append(block)
+                _free_bytes += nbytes
+        if blocks:
+            _free[nbytes] = blocks
