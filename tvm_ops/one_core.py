@@ -16,8 +16,10 @@ the same bits as the parallel kernel.
 
 from __future__ import annotations
 
-# TVM's pragmas that put several parallel loops in one launch, with barriers between them
-PARALLEL_LAUNCH_PRAGMAS = ("pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish")
+# TVM's CPU code generator: one parallel launch (a closure every thread runs) for the parallel
+# loops inside LAUNCH_POINT, a barrier of all its threads after each statement inside BARRIER
+LAUNCH_POINT, BARRIER = "pragma_parallel_launch_point", "pragma_parallel_barrier_when_finish"
+PARALLEL_LAUNCH_PRAGMAS = (LAUNCH_POINT, BARRIER)
 
 
 def serial_kernel(func):

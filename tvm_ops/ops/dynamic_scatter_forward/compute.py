@@ -73,7 +73,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from .. import fixed_channels
-from ...one_core import PARALLEL_LAUNCH_PRAGMAS
+from ...one_core import BARRIER, LAUNCH_POINT
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import point, scratch_scope, vectors
 from ..prefetch import prefetch_words
@@ -89,9 +89,6 @@ KEY_PASSES = (KEY_BITS - 1 + RADIX_BITS - 1) // RADIX_BITS  # at most (an index 
 # (keys on side 0), SPLIT_BIN, VOXELS (per side), PART0_SIDE0 (part 0's keys on side 0), TOTAL
 # (a key's row bits) and INDEX_BITS (a point index's)
 KEPT, SIDE0, SPLIT_BIN, VOXELS, PART0_SIDE0, TOTAL, INDEX_BITS = 0, 2, 3, 4, 6, 7, 8
-# TVM's CPU code generator: one parallel launch (a closure every thread runs) for the loops
-# inside LAUNCH_POINT, a barrier of all its threads after each statement inside BARRIER
-LAUNCH_POINT, BARRIER = PARALLEL_LAUNCH_PRAGMAS
 MAX_COLUMNS = 8  # group_split's columns at most (a part's maxima in registers); more: count -1
 
 

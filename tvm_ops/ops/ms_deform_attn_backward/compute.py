@@ -24,12 +24,10 @@ from tvm import tirx
 from tvm.backend.cuda.op import cuda_atomic_add
 from tvm.script import tirx as T
 
-from ...one_core import PARALLEL_LAUNCH_PRAGMAS
+from ...one_core import BARRIER, LAUNCH_POINT
 from .. import task_queue
 from ..ms_deform_attn_sampling import block_corners_macro, cuda_fma_position
 from ..prefetch import prefetch_words
-
-LAUNCH_POINT, BARRIER = PARALLEL_LAUNCH_PRAGMAS  # TVM's one launch for several loops (one_core.py)
 
 # rows ahead that the private kernel's slice copy and write-back prefetch
 SLICE_ROWS_AHEAD = 16
