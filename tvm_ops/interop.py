@@ -234,26 +234,30 @@ def zero(array) -> None:
         array.zero_()
 
 
-def call_signature(head: list, values) -> tuple | None:
+def call_signature(head: list, groups) -> tuple | None:
     """A hashable summary of what the checks and the kernel choice read of a call's
-    arguments: `head`, then per argument its kind, shape, dtype, strides, device and
-    writability (a tensor) or its value (a scalar); None when an argument has none (the call
-    then takes the checked path every time). A call plan's key is built and hashed on every
-    call: a numpy array adds its own shape and strides tuples, its dtype and writability, four
-    entries and no tuple of its own (a tuple per argument cost ~0.7 us of a five-array call,
-    unpacking the shape and strides ~0.5 us). Unambiguous: an array's part starts with a tuple
-    of ints, the others with None or a tuple that starts with a type or "torch"."""
+    arguments: `head`, then per argument of `groups` ((dict, names) pairs; a name the dict
+    lacks reads None) its kind, shape, dtype, strides, device and writability (a tensor) or
+    its value (a scalar); None when an argument has none (the call then takes the checked
+    path every time). A call plan's key is built and hashed on every call: a numpy array
+    adds its own shape and strides tuples, its dtype and writability, four entries and no
+    tuple of its own (a tuple per argument cost ~0.7 us of a five-array call, unpacking the
+    shape and strides ~0.5 us, gathering the arguments into one tuple first ~0.25 us).
+    Unambiguous: an array's part starts with a tuple of ints, the others with None or a
+    tuple that starts with a type or "torch"."""
     key = head
-    for value in values:
-        if type(value) is np.ndarray:  # the common case inline
-            key += (value.shape, value.strides, value.dtype, value.flags.writeable)
-        elif value is None:
-            key.append(None)
-        else:
-            part = signature(value)
-            if part is None:
-                return None
-            key.append(part)
+    for arguments, names in groups:
+        for name in names:
+            value = arguments.get(name)
+            if type(value) is np.ndarray:  # the common case inline
+                key += (value.shape, value.strides, value.dtype, value.flags.writeable)
+            elif value is None:
+                key.append(None)
+            else:
+                part = signature(value)
+                if part is None:
+                    return None
+                key.append(part)
     return tuple(key)
 
 

@@ -123,8 +123,9 @@ class Operator:
     def _signature(self, inputs: dict, params: dict, target, out: dict):
         if not isinstance(target, (str, targets.TargetModel)):
             return None
-        return interop.call_signature([tuple(params), target], (*map(inputs.get, self._input_names),
-                                                                 *map(out.get, self._output_names), *params.values()))
+        names = tuple(params)
+        return interop.call_signature([names, target], ((inputs, self._input_names), (out, self._output_names),
+                                                        (params, names)))
 
     def _checked(self, inputs: dict, params: dict, target, out: dict):
         """The full path: every check, then the kernels for the call's shape class."""
