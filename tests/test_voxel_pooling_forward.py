@@ -123,6 +123,15 @@ def test_kept_list_must_be_a_positive_integer(kept_list):
     assert OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, kept_list=7))["kept_list"] == 7
 
 
+@pytest.mark.parametrize("stream_untouched", ["false", 0, 1, None])
+def test_stream_untouched_must_be_a_bool(stream_untouched):
+    """A knob read from a tuning record or schedule file: "false" must not stream."""
+    with pytest.raises(ValueError, match=r"stream_untouched must be true or false, got "):
+        OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, stream_untouched=stream_untouched))
+    assert OP.plan(targets.resolve("llvm"), dict(OP.schedules["llvm"].defaults, stream_untouched=False))[
+        "stream_untouched"] is False
+
+
 def test_first_touch_below_four_points_per_output_row():
     """zero_fill auto: the band owners mark first touches while a batch has fewer than 4
     points per output row, else zero-fill their band first; upfront / first_touch force it."""

@@ -100,10 +100,12 @@ class VoxelPoolingForward(Operator):
             raise ValueError(f"kept_list must be a positive integer, got {kept_list!r}")
         if zero_fill not in ZERO_FILLS:
             raise ValueError(f"zero_fill must be one of {', '.join(ZERO_FILLS)}, got {zero_fill!r}")
+        if not isinstance(knobs["stream_untouched"], bool):  # bool("false") would be True
+            raise ValueError(f"stream_untouched must be true or false, got {knobs['stream_untouched']!r}")
         return {"vec": pol.vector(), "algorithm": knobs["algorithm"], "row_bands": bands, "cores": pol.cores,
                 "zero_fill": zero_fill,
                 "memo_chunk": int(knobs["memo_chunk"]), "kept_list": kept_list,
-                "stream_untouched": bool(knobs["stream_untouched"]), "stream_min_mib": int(knobs["stream_min_mib"])}
+                "stream_untouched": knobs["stream_untouched"], "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
         from . import compute
