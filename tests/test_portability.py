@@ -1,6 +1,7 @@
 """Every operator builds for CPUs other than this host's: aarch64 (to assembly, no linking)
 and an AVX2 x86 (haswell, whose code this AVX-512 host also runs: its spec cases pass)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -154,6 +155,14 @@ def test_an_aarch64_library_needs_a_cross_linker(tmp_path):
     with pytest.raises(tvm_ops.NotSupportedError, match="cross compiler"):
         build.build_entry(variant, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT"])
+def test_a_blank_thread_setting_counts_as_unset(monkeypatch, name):
+    # `export TVM_NUM_THREADS=` clears a setting in a shell; TVM itself would read 0
+    monkeypatch.setenv(name, " ")
+    targets._require_thread_settings()
+    assert name not in os.environ
 
 
 @pytest.mark.parametrize("name, value", [("TVM_NUM_THREADS", "99999999999"), ("TVM_NUM_THREADS", "0"),

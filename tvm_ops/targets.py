@@ -175,9 +175,13 @@ MAX_SPIN = 1_000_000
 
 def _require_thread_settings() -> None:
     """BadParamError for a TVM_NUM_THREADS or TVM_THREAD_POOL_SPIN_COUNT that TVM's pool would
-    take and then hang on (a huge thread count, a negative or huge spin)."""
+    take and then hang on (a huge thread count, a negative or huge spin). A blank one is
+    removed, as unset: TVM would read it as 0 (one thread, or workers that never spin)."""
     for name, least, most in (("TVM_NUM_THREADS", 1, MAX_THREADS), (SPIN_ENV, 0, MAX_SPIN)):
         raw = os.environ.get(name)
+        if raw is not None and not raw.strip():
+            del os.environ[name]
+            continue
         if raw is None:
             continue
         text = raw.strip()
