@@ -179,7 +179,9 @@ def allocator(kind: str, device: str, shape: tuple, dtype: str, zero: bool):
         import torch  # never from a reused block: torch's allocator itself (~0.7 us less a call)
 
         make = torch.zeros if zero else torch.empty
-        return functools.partial(make, tuple(shape), dtype=getattr(torch, dtype), device=torch.device(device))
+        # the sizes as separate ints: torch parses them ~0.3 us faster than one tuple
+        sizes = tuple(shape) or ((),)  # torch.empty() takes no zero ints for a 0-d tensor
+        return functools.partial(make, *sizes, dtype=getattr(torch, dtype), device=torch.device(device))
     return functools.partial(empty_like_kind, kind, device, tuple(shape), dtype, zero)
 
 
