@@ -1,5 +1,7 @@
 """Unusual but legal inputs just work; wrong ones get the library's own error, not a raw one."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -282,3 +284,87 @@ def test_forward_mode_ad_is_refused_rather_than_a_zero_tangent():
     expected = torch.zeros_like(features)
     expected[..., 0] = weight.sum()  # every index 0: each channel's column 0 takes every weight
     torch.testing.assert_close(features.grad, expected)
+
+
+def test_a_masked_array_is_refused_rather_than_its_mask_ignored():
+    masked = np.ma.masked_array(GO, mask=np.ones_like(GO, bool))
+    with pytest.raises(tvm_ops.BadParamError, match="grad_output is a masked array"):
+        tvm_ops.three_interpolate_backward(masked, IDX, W, 2)
+
+
+def test_a_dlpack_export_that_raises_value_error_gets_a_bad_param_error():
+    class Unexportable:
+        def __dlpack__(self, **kwargs):
+            raise ValueError("no such device")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(tvm_ops.BadParamError, match="cannot read this DLPack tensor"):
+        tvm_ops.three_interpolate_backward(Unexportable(), IDX, W, 2)
+
+
+@requires_torch
+@pytest.mark.parametrize("layout", ["sparse", "mkldnn", "nested"])
+def test_torch_tensors_without_strided_memory_are_refused(layout):
+    """Refused by the checks, also after a call with a dense tensor of the same shape and
+    strides (a sparse tensor's strides read as zeros, a broadcast one's)."""
+    import torch
+
+    dense = torch.from_numpy(GO)
+    made = {"sparse": lambda: dense.to_sparse(), "mkldnn": lambda: dense.to_mkldnn(),
+            "nested": lambda: torch.nested.nested_tensor([dense[0], dense[0, :1]])}[layout]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors' prototype warning
+        tensor = made()
+    if layout != "nested":  # (a nested tensor has no strides)
+        twin = torch.zeros(6).as_strided(tensor.shape, tensor.stride())
+        tvm_ops.three_interpolate_backward(twin, torch.from_numpy(IDX), torch.from_numpy(W), 2)
+    with pytest.raises(tvm_ops.BadParamError, match="grad_output is a (nested|torch.* tensor)"):
+        tvm_ops.three_interpolate_backward(tensor, torch.from_numpy(IDX), torch.from_numpy(W), 2)
+
+
+@requires_torch
+@pytest.mark.parametrize("lazy", ["negated", "zero"])
+def test_an_out_buffer_whose_memory_is_not_its_values_is_refused(lazy):
+    import torch
+
+    out = torch._neg_view(torch.zeros(1, 2, 2)) if lazy == "negated" else torch._efficientzerotensor(1, 2, 2)
+    with pytest.raises(tvm_ops.BadParamError, match="negated view or a zero tensor"):
+        tvm_ops.three_interpolate_backward(torch.from_numpy(GO), torch.from_numpy(IDX), torch.from_numpy(W), out=out)
+
+
+@requires_torch
+def test_a_write_into_an_out_buffer_is_seen_by_autograd():
+    """As a torch in-place op: a graph that saved the buffer refuses its backward after the
+    write, rather than using the new values."""
+    import torch
+
+    x = torch.ones(1, 2, 2, requires_grad=True)
+    buffer = torch.full((1, 2, 2), 3.0)
+    saved = (x * buffer).sum()  # saves buffer for x's gradient
+    for _ in range(2):  # the checked call and the repeated one
+        before = buffer._version
+        tvm_ops.three_interpolate_backward(torch.from_numpy(GO), torch.from_numpy(IDX), torch.from_numpy(W),
+                                           out=buffer)
+        assert buffer._version > before
+    np.testing.assert_array_equal(buffer.numpy(), EXPECTED)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+
+@requires_torch
+def test_an_out_buffer_that_requires_grad_is_refused_in_grad_mode():
+    """PyTorch's own out= functions refuse it; under no_grad the write is allowed (an
+    optimiser's update), as theirs is."""
+    import torch
+
+    args = torch.from_numpy(GO), torch.from_numpy(IDX), torch.from_numpy(W)
+    buffer = torch.full((1, 2, 2), np.nan, requires_grad=True)
+    for _ in range(2):  # the checked call and the repeated one
+        with pytest.raises(tvm_ops.BadParamError, match=r"out\['grad_features'\] requires grad"):
+            tvm_ops.three_interpolate_backward(*args, out=buffer)
+        assert torch.isnan(buffer).all()  # refused before any kernel
+    with torch.no_grad():
+        tvm_ops.three_interpolate_backward(*args, out=buffer)
+    np.testing.assert_array_equal(buffer.detach().numpy(), EXPECTED)

@@ -96,6 +96,9 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, o
         if not info.native:
             raise BadParamError(f"{op}: {info.name} has non-native byte order ({info.value.dtype.str}); give a "
                                 f"native-order output buffer")
+        if info.lazy:
+            raise BadParamError(f"{op}: {info.name} is a negated view or a zero tensor, whose memory does not "
+                                f"hold its values; give a plain output buffer")
         if not info.contiguous and not (out_as_is is not None and out_as_is(name, info)):
             layouts = out_layouts(name) if out_layouts is not None else ""
             raise NotSupportedError(f"{op}: {info.name} must be C-contiguous{' or ' + layouts if layouts else ''}, "

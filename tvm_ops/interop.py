@@ -95,19 +95,32 @@ def describe(name: str, value) -> TensorInfo:
     if value is None:
         raise BadParamError(f"{name} is missing (got None)")
     if isinstance(value, np.ndarray):
+        if isinstance(value, np.ma.MaskedArray):
+            raise BadParamError(f"{name} is a masked array, whose mask the kernels would not see; give "
+                                f".filled(value) or .data")
         return TensorInfo(name, value, tuple(value.shape), _DTYPE_NAMES.get(value.dtype) or value.dtype.name,
                           bool(value.flags.c_contiguous), "numpy", "cpu", value.dtype.isnative,
                           bool(value.flags.writeable))
     if _is_torch(value):
+        _require_dense(name, value)
         return TensorInfo(name, value, tuple(value.shape), torch_dtype_name(value.dtype),
                           bool(value.is_contiguous()), "torch", value.device.type,
                           lazy=lazy_values(value), device_index=value.device.index)
     if hasattr(value, "__dlpack__"):
         try:
             return describe(name, np.from_dlpack(value))
-        except (TypeError, RuntimeError, BufferError) as exc:
+        except (TypeError, ValueError, RuntimeError, BufferError) as exc:
             raise BadParamError(f"{name}: cannot read this DLPack tensor on the CPU ({exc})") from exc
     raise BadParamError(f"{name} must be a numpy array or a DLPack tensor, got {type(value).__name__}")
+
+
+def _require_dense(name: str, tensor) -> None:
+    """BadParamError for a torch tensor whose elements are not strided memory (sparse, mkldnn,
+    nested): the kernels read memory."""
+    if tensor.is_nested:
+        raise BadParamError(f"{name} is a nested tensor; give a dense tensor of one shape")
+    if tensor.layout is not sys.modules["torch"].strided:
+        raise BadParamError(f"{name} is a {tensor.layout} tensor; give a dense (strided) one, e.g. .to_dense()")
 
 
 def contiguous(info: TensorInfo):
@@ -274,8 +287,13 @@ def signature(value):
     if kind == "numpy":
         return np.ndarray, value.shape, value.dtype, value.strides, value.flags.writeable
     if kind == "torch":
-        return ("torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad,
-                lazy_values(value))
+        if value.layout is not _TORCH_STRIDED[0]:  # sparse, mkldnn: the checked path refuses them
+            return None
+        try:
+            return ("torch", value.shape, value.dtype, value.stride(), value.device, value.requires_grad,
+                    lazy_values(value))
+        except RuntimeError:  # a nested tensor has no sizes: the checked path refuses it
+            return None
     return None
 
 
@@ -287,7 +305,13 @@ def _signature_kind(value) -> str:
         return "scalar"
     if type(value) is np.ndarray:
         return "numpy"
-    return "torch" if _is_torch(value) else "none"
+    if not _is_torch(value):
+        return "none"
+    _TORCH_STRIDED[0] = sys.modules["torch"].strided
+    return "torch"
+
+
+_TORCH_STRIDED = [None]  # torch.strided, once torch's first tensor is signed (torch stays unimported)
 
 
 _host_results: dict = {}  # (host values, dtype, shape, convert) -> convert's result
@@ -337,6 +361,30 @@ def refuse_if_deterministic(op_name: str) -> None:
         warnings.warn(message, stacklevel=5)  # the public call's caller
         return
     raise NotDeterministicError(message)
+
+
+def refuse_grad_outputs(op_name: str, outputs: dict) -> None:
+    """BadParamError for an out= torch tensor that requires grad while grad mode is on, as
+    PyTorch's own out= functions refuse it: autograd cannot follow a write into it (the
+    differentiable functions are tvm_ops.functional)."""
+    import torch
+
+    if not torch.is_grad_enabled():
+        return
+    for name, tensor in outputs.items():
+        if tensor.requires_grad:
+            raise BadParamError(f"{op_name}: out[{name!r}] requires grad, and autograd cannot follow a write "
+                                f"into it; give a buffer without requires_grad, call under torch.no_grad(), or "
+                                f"use tvm_ops.functional")
+
+
+def mark_written(tensors) -> None:
+    """Count a write into each torch tensor as an in-place operation does (its version): a
+    graph that saved one of them for its backward then refuses to use the new values."""
+    from torch.autograd.graph import increment_version
+
+    for tensor in tensors:
+        increment_version(tensor)
 
 
 def _read_to_host(value, convert):

@@ -98,6 +98,11 @@ class CallPlan:
         as_is = op.taken_as_is(problem) if kernels is not None else ()
         self.copied = [name for name, info in problem.inputs.items() if not info.ready and name not in as_is]
         self.given, self.returned_names = tuple(problem.outs), _returned_names(op)
+        # the caller's torch buffers: refused if one requires grad (in grad mode, read per call),
+        # their versions counted up once written
+        self.torch_given = problem.kind == "torch" and bool(self.given)
+        self.given_requiring_grad = tuple(name for name, info in problem.outs.items()
+                                          if info.kind == "torch" and info.value.requires_grad)
         self.workspaces = (0, ())
         # PyTorch's deterministic mode is read on every call: it may change between calls
         self.order_varies = (kernels is not None and problem.kind == "torch"
@@ -118,13 +123,15 @@ class CallPlan:
         op.value_rules(problem, inputs)
         outputs = {name: out[name] for name in self.given}  # the signature says which were given
         if outputs:
+            if self.given_requiring_grad:
+                interop.refuse_grad_outputs(op.name, {name: outputs[name] for name in self.given_requiring_grad})
             _refuse_aliases(op.name, inputs, outputs)
         for name, allocate in self.allocators.items():
             outputs[name] = allocate()
         if problem.empty:
             for name in problem.outs:
                 interop.zero(outputs[name])
-            return _returned(outputs, self.returned_names)
+            return self._returned(outputs)
         tensors = {**inputs, **outputs}
         for name in self.copied:
             tensors[name] = interop.make_contiguous(inputs[name])
@@ -141,6 +148,11 @@ class CallPlan:
                 outputs[name] = tensors[name] = interop.empty_like_kind(problem.kind, problem.where, shape, dtype,
                                                                         zero=False)
         op.launch(self.kernels, problem, tensors)
+        return self._returned(outputs)
+
+    def _returned(self, outputs: dict):
+        if self.torch_given:
+            interop.mark_written(outputs[name] for name in self.given)
         return _returned(outputs, self.returned_names)
 
     def _workspaces(self) -> dict:
