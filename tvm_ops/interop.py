@@ -378,13 +378,13 @@ def refuse_grad_outputs(op_name: str, outputs: dict) -> None:
                                 f"use tvm_ops.functional")
 
 
-def mark_written(tensors) -> None:
-    """Count a write into each torch tensor as an in-place operation does (its version): a
-    graph that saved one of them for its backward then refuses to use the new values."""
+def write_counter():
+    """torch's increment_version, which counts a write into torch tensors as an in-place
+    operation does (their version): a graph that saved one of them for its backward then
+    refuses to use the new values. Looked up once per call plan (importing it cost ~0.5 us)."""
     from torch.autograd.graph import increment_version
 
-    for tensor in tensors:
-        increment_version(tensor)
+    return increment_version
 
 
 def _read_to_host(value, convert):

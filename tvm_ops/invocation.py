@@ -100,7 +100,7 @@ class CallPlan:
         self.given, self.returned_names = tuple(problem.outs), _returned_names(op)
         # the caller's torch buffers: refused if one requires grad (in grad mode, read per call),
         # their versions counted up once written
-        self.torch_given = problem.kind == "torch" and bool(self.given)
+        self.count_writes = interop.write_counter() if problem.kind == "torch" and self.given else None
         self.given_requiring_grad = tuple(name for name, info in problem.outs.items()
                                           if info.kind == "torch" and info.value.requires_grad)
         self.workspaces = (0, ())
@@ -151,8 +151,8 @@ class CallPlan:
         return self._returned(outputs)
 
     def _returned(self, outputs: dict):
-        if self.torch_given:
-            interop.mark_written(outputs[name] for name in self.given)
+        if self.count_writes is not None:
+            self.count_writes([outputs[name] for name in self.given])
         return _returned(outputs, self.returned_names)
 
     def _workspaces(self) -> dict:
