@@ -286,6 +286,25 @@ def test_forward_mode_ad_is_refused_rather_than_a_zero_tangent():
     torch.testing.assert_close(features.grad, expected)
 
 
+@requires_torch
+def test_torch_func_reverse_transforms_are_refused_in_the_library_words():
+    """torch.func.grad, vjp and jacrev cannot differentiate a custom op's autograd formula
+    (torch's own error names an autograd.Function the caller never wrote); vmap still works."""
+    import torch
+    import tvm_ops.functional as tf
+
+    features, weight = torch.rand(1, 2, 4), torch.rand(1, 5, 3)
+    indices = torch.randint(0, 4, (1, 5, 3), dtype=torch.int32)
+    interpolate = lambda f: tf.three_interpolate(f, indices, weight)  # noqa: E731
+    for transform in (lambda: torch.func.grad(lambda f: interpolate(f).sum())(features),
+                      lambda: torch.func.vjp(interpolate, features),
+                      lambda: torch.func.jacrev(interpolate)(features)):
+        with pytest.raises(tvm_ops.NotSupportedError, match="torch.func.grad, vjp and jacrev"):
+            transform()
+    batched = torch.func.vmap(interpolate)(features.expand(3, 1, 2, 4))
+    assert all(torch.equal(row, interpolate(features)) for row in batched)
+
+
 def test_a_masked_array_is_refused_rather_than_its_mask_ignored():
     masked = np.ma.masked_array(GO, mask=np.ones_like(GO, bool))
     with pytest.raises(tvm_ops.BadParamError, match="grad_output is a masked array"):

@@ -197,6 +197,63 @@ def test_a_second_derivative_is_refused_as_the_custom_op_refuses_it(monkeypatch)
     assert messages[0] == messages[1]
 
 
+@pytest.mark.parametrize("name", [name for name in CALLS if name != "three_nn"])
+def test_batched_gradients_take_the_custom_op_and_equal_one_gradient_at_a_time(name):
+    """autograd's is_grads_batched (jacobian(vectorize=True), gradcheck's batched check) hands
+    the backward gradients batched by torch's older vmap: storage-less tensors, which take the
+    custom op and its batching rule."""
+    call, differentiable = CALLS[name](torch.Generator().manual_seed(8), "cpu")
+    outputs = [out for out in call() if out.is_floating_point() and out.requires_grad]
+    g = torch.Generator().manual_seed(9)
+    batched_grads = [torch.randn(3, *out.shape, generator=g) for out in outputs]
+    batched = torch.autograd.grad(outputs, differentiable, batched_grads, retain_graph=True, is_grads_batched=True)
+    for i in range(3):
+        one = torch.autograd.grad(outputs, differentiable, [grad[i] for grad in batched_grads], retain_graph=True)
+        for together, alone in zip(batched, one, strict=True):
+            assert torch.equal(together[i], alone)
+
+
+def tensors_and_traceable(name: str, g):
+    """(tensors, a function of them alone that calls the torch function `name`)."""
+    if name == "three_interpolate":
+        return ((torch.randn(2, 5, 7, generator=g), torch.randint(-1, 8, (2, 4, 3), generator=g, dtype=torch.int32),
+                 torch.rand(2, 4, 3, generator=g)), lambda features, indices, weight: tf.three_interpolate(
+                     features, indices, weight) * 2)
+    if name == "three_nn":
+        return (torch.rand(2, 6, 3, generator=g), torch.rand(2, 5, 3, generator=g)), \
+            lambda unknown, known: tf.three_nn(unknown, known)
+    if name == "ms_deform_attn":
+        return ((torch.randn(1, 16, 2, 3, generator=g), torch.tensor([[3, 4], [2, 2]]), torch.tensor([0, 12]),
+                 torch.rand(1, 2, 2, 2, 2, 2, generator=g), torch.rand(1, 2, 2, 2, 2, generator=g)),
+                lambda value, shapes, starts, locations, weights: tf.ms_deform_attn(
+                    value, shapes, starts, locations, weights))
+    if name == "border_align":
+        centre = torch.rand(1, 12, 2, generator=g) * 3
+        return ((torch.randn(1, 8, 3, 4, generator=g), torch.cat([centre, centre + 1.5], -1)),
+                lambda features, boxes: tf.border_align(features, boxes, 2))
+    if name == "voxel_pooling":
+        return ((torch.randint(-1, 4, (1, 10, 3), generator=g, dtype=torch.int32), torch.randn(1, 10, 5, generator=g)),
+                lambda geom, features: tf.voxel_pooling(geom, features, (4, 3, 1)))
+    return ((torch.randn(12, 4, generator=g), torch.randint(-1, 3, (12, 3), generator=g, dtype=torch.int32)),
+            lambda feats, coors: tf.dynamic_scatter(feats, coors, "mean"))
+
+
+@pytest.mark.parametrize("name", ["three_interpolate", "three_nn", "ms_deform_attn", "border_align", "voxel_pooling",
+                                  "dynamic_scatter"])
+def test_symbolic_tracing_records_a_function_as_one_call(name):
+    """torch.fx.symbolic_trace (torchvision's feature extraction, FX quantisation) cannot take
+    the functions' checks, which branch on shapes and values: each is one call node, and the
+    traced module gives the function's outputs."""
+    tensors, traceable = tensors_and_traceable(name, torch.Generator().manual_seed(10))
+    module = torch.fx.symbolic_trace(traceable)
+    calls = [node.target for node in module.graph.nodes if node.op == "call_function"]
+    assert calls[0] is getattr(tf, name) and all("tvm_ops" not in str(target) for target in calls[1:])
+    expected = traceable(*tensors)
+    for mine, theirs in zip(torch.utils._pytree.tree_leaves(module(*tensors)),
+                            torch.utils._pytree.tree_leaves(expected), strict=True):
+        assert torch.equal(mine, theirs)
+
+
 # --- torch.autocast: every op runs in float32 -------------------------------------------------
 
 
@@ -240,7 +297,6 @@ def test_a_model_compiled_under_autocast_gives_its_eager_outputs_and_gradients()
               torch.rand(2, 4, 3, generator=g))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert_compiles_alike(model, inputs)
-
 
 
 class Recorded(TorchDispatchMode):

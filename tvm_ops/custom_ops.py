@@ -6,8 +6,8 @@ one op, with its fake implementation and its autograd formula. A plain eager cal
 that machinery: the dispatcher's round trips and the custom op's autograd wrapper cost ~5-8
 us of a forward and ~25 us of a training step on the CPU, more than a small case's kernels
 (docs/performance.md). So `custom_op` registers the op as before and returns a `CustomOp`
-that runs a plain call -- every tensor a plain strided tensor (an nn.Parameter too) on the
-CPU or a GPU, made outside all of the above -- straight to the op's implementation: through
+that runs a plain call -- every tensor a plain strided tensor with storage (an nn.Parameter
+too) on the CPU or a GPU, made outside all of the above -- straight to the op's implementation: through
 a torch.autograd.Function built from the op's own setup_context and backward formula when a
 tensor requires grad (what the custom op's autograd runs), else as a function call. Any
 other call goes through the custom op.
@@ -39,9 +39,13 @@ def _torch_probe(name: str):
 
 
 _FUNCTION_MODE_ON = _torch_probe("_is_torch_function_mode_enabled")  # torch.device contexts too
-_FUNCTORCH_ON = _torch_probe("_are_functorch_transforms_active")  # vmap, torch.func.grad, jvp
+FUNCTORCH_ON = _torch_probe("_are_functorch_transforms_active")  # vmap, torch.func.grad, jvp
 _PROFILER_ON = _torch_probe("_autograd._profiler_enabled")  # the profiler names the op
 _AUTOCAST_ON = _torch_probe("_is_any_autocast_enabled")  # the autocast rule casts the inputs
+# a tensor without storage (autograd's is_grads_batched hands a backward batched gradients of
+# torch's older vmap, which functorch's probe does not see) takes the custom op and its
+# batching rule; where torch has no such probe, every tensor is taken as storage-less
+_HAS_STORAGE = getattr(torch._C, "_has_storage", None) or (lambda tensor: False)
 # the device types whose autocast gets the float32 rule (a CPU-only torch has CUDA's too)
 AUTOCAST_DEVICES = tuple(device for device in ("cpu", "cuda") if torch.amp.is_autocast_available(device))
 
@@ -51,7 +55,7 @@ def plain_context() -> bool:
     formula: no tracing or compiling, no dispatch mode (fake tensors, flop counters) or
     function mode, no functorch transform, no profiler, no autocast."""
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or is_in_torch_dispatch_mode()
-                or _FUNCTION_MODE_ON() or _FUNCTORCH_ON() or _PROFILER_ON() or _AUTOCAST_ON())
+                or _FUNCTION_MODE_ON() or FUNCTORCH_ON() or _PROFILER_ON() or _AUTOCAST_ON())
 
 
 class CustomOp:
@@ -76,7 +80,8 @@ class CustomOp:
         needs_grad = False
         for arg in args:  # plain strided tensors off the meta device (one loop: this runs per call)
             if isinstance(arg, torch.Tensor):
-                if type(arg) not in _PLAIN_TYPES or arg.is_meta or arg.layout is not torch.strided:
+                if type(arg) not in _PLAIN_TYPES or arg.is_meta or arg.layout is not torch.strided or \
+                        not _HAS_STORAGE(arg):
                     return self.op(*args)
                 needs_grad = needs_grad or arg.requires_grad
         if needs_grad and torch.is_grad_enabled():

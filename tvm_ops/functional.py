@@ -12,23 +12,27 @@ live: CPU tensors on the LLVM kernels, CUDA tensors on the CUDA kernels. Under
 `torch.use_deterministic_algorithms(True)` a CUDA kernel that adds with atomics raises
 NotDeterministicError (docs/semantics.md, Determinism). Reverse mode only: a tangent reaching a
 differentiable input (torch.func.jvp, jacfwd, forward_ad) raises NotSupportedError instead
-of the zero a custom op would give. Meta tensors run the fake implementations: all of a
+of the zero a custom op would give, and so do torch.func.grad, vjp and jacrev (which torch
+refuses for a custom op's autograd formula in its own terms); torch.func.vmap works.
+torch.fx.symbolic_trace records each function as one call node (its checks branch on
+shapes, which fx's proxies cannot take). Meta tensors run the fake implementations: all of a
 call's tensors on meta, or a BadParamError. Importing this module needs torch and nothing
 else; TVM loads on the first call.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch._C._functorch import is_functorch_wrapped_tensor
+from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor
 from torch.autograd import forward_ad
 
 from . import checks, interop
-from .custom_ops import custom_op
+from .custom_ops import FUNCTORCH_ON, custom_op
 from .errors import BadParamError, NotSupportedError
 
 __all__ = ["BorderAlign", "DynamicScatter", "MultiScaleDeformableAttnFunction", "border_align", "dynamic_scatter",
@@ -99,13 +103,35 @@ def _without_gradient(ctx, *outputs) -> None:
 def _reverse_mode_only(function: str, *differentiable) -> None:
     """NotSupportedError for a tangent on a differentiable input: a custom op without a
     forward-mode formula would give a zero tangent (torch.func.jvp, jacfwd) or none
-    (torch.autograd.forward_ad), silently. Costs a module attribute read outside forward AD."""
-    if getattr(forward_ad, "_current_level", -1) < 0:  # no dual level, no functorch jvp
-        return
-    for tensor in differentiable:
-        if is_functorch_wrapped_tensor(tensor) or forward_ad.unpack_dual(tensor).tangent is not None:
-            raise NotSupportedError(f"{function}: forward-mode AD (torch.func.jvp, jacfwd, forward_ad) has no formula "
-                                    f"here; differentiate in reverse mode with autograd (backward, torch.autograd.grad)")
+    (torch.autograd.forward_ad), silently. And for torch.func's reverse-mode transforms (grad,
+    vjp, jacrev), which torch refuses for a custom op's autograd formula in its own words
+    ("autograd.Function ... must override the setup_context staticmethod"). Costs a module
+    attribute read and a probe outside those."""
+    if getattr(forward_ad, "_current_level", -1) >= 0:  # a dual level or a functorch jvp
+        for tensor in differentiable:
+            if is_functorch_wrapped_tensor(tensor) or forward_ad.unpack_dual(tensor).tangent is not None:
+                raise NotSupportedError(f"{function}: forward-mode AD (torch.func.jvp, jacfwd, forward_ad) has no "
+                                        f"formula here; differentiate in reverse mode with autograd (backward, "
+                                        f"torch.autograd.grad)")
+    if FUNCTORCH_ON() and any(level.key() == TransformType.Grad for level in get_interpreter_stack()):
+        raise NotSupportedError(f"{function}: torch.func.grad, vjp and jacrev cannot differentiate a custom op's "
+                                f"autograd formula (torch's limitation); use torch.autograd.grad or backward "
+                                f"(torch.func.vmap is supported)")
+
+
+def _traced_as_one_call(function):
+    """`function` recorded by torch.fx.symbolic_trace (torchvision's feature extraction, FX
+    quantisation) as one call node rather than traced into: its checks branch on shapes and
+    values, which fx's proxies cannot take. (torch.fx.wrap does this for a name in this
+    module's globals, which a caller's `from tvm_ops.functional import ...` bypasses.)"""
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.fx.Proxy):
+                return value.tracer.create_proxy("call_function", call, args, kwargs)
+        return function(*args, **kwargs)
+
+    return call
 
 
 # --- multi-scale deformable attention -------------------------------------------------------
@@ -167,6 +193,7 @@ def _msda_grad(ctx, grad_output):
 _msda_forward.register_autograd(_msda_grad, setup_context=_msda_setup_context)
 
 
+@_traced_as_one_call
 def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
                    attention_weights: Tensor, im2col_step: int = 64) -> Tensor:
     """Multi-scale deformable attention, mmcv's `MultiScaleDeformableAttnFunction` contract:
@@ -257,6 +284,7 @@ def _border_grad(ctx, grad_output, _grad_argmax):
 _border_forward.register_autograd(_border_grad, setup_context=_border_setup_context)
 
 
+@_traced_as_one_call
 def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
     """BorderAlign with mmcv's contract: input [N, 4C, H, W] (borders top, left, bottom, right
     as channel blocks), boxes [N, H*W, 4] (x0, y0, x1, y1) -> [N, C, H*W, 4], the max over the
@@ -341,6 +369,7 @@ def _voxel_grad(ctx, grad_output, _grad_pos_memo):
 _voxel_forward.register_autograd(_voxel_grad, setup_context=_voxel_setup_context)
 
 
+@_traced_as_one_call
 def voxel_pooling(geom_xyz: Tensor, input_features: Tensor, voxel_num) -> Tensor:
     """BEV voxel pooling, BEVDepth's `voxel_pooling_train` contract: geom_xyz [B, ..., 3]
     integer voxel coordinates (x, y, z) and input_features [B, ..., C] float32 with the same
@@ -428,6 +457,7 @@ def _three_nn_grad(ctx, _grad_dist2, _grad_idx):
 _three_nn.register_autograd(_three_nn_grad, setup_context=_three_nn_setup_context)
 
 
+@_traced_as_one_call
 def three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
     """mmcv's `three_nn`: unknown [B, N, 3], known [B, M, 3] (float32 or float16, M >= 3) ->
     (dist [B, N, 3] float32, the Euclidean distances ascending, idx [B, N, 3] int32); of equal
@@ -481,6 +511,7 @@ def _three_interpolate_grad(ctx, grad_output):
 _three_interpolate_forward.register_autograd(_three_interpolate_grad, setup_context=_three_interpolate_setup_context)
 
 
+@_traced_as_one_call
 def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tensor:
     """mmcv's `three_interpolate`: features [B, C, M], indices [B, N, 3] (int32, or int64 that
     fits), weight [B, N, 3] (the dtype of features: float32 or float16) -> [B, C, N], the
@@ -551,6 +582,7 @@ def _scatter_grad(ctx, grad_voxel_feats, _grad_coors, _grad_map, _grad_count):
 _scatter_forward.register_autograd(_scatter_grad, setup_context=_scatter_setup_context)
 
 
+@_traced_as_one_call
 def dynamic_scatter(feats: Tensor, coors: Tensor, reduce_type: str = "max") -> tuple[Tensor, Tensor]:
     """mmcv's `dynamic_scatter` (DynamicScatterFunction.apply): feats [N, C] float32, coors
     [N, D] (int32, or int64 up to INT32_MAX) -> (voxel_feats [M, C], voxel_coors [M, D] int32): the
