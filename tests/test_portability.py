@@ -166,7 +166,8 @@ def test_a_blank_thread_setting_counts_as_unset(monkeypatch, name):
 
 
 @pytest.mark.parametrize("name, value", [("TVM_NUM_THREADS", "99999999999"), ("TVM_NUM_THREADS", "0"),
-                                         ("TVM_NUM_THREADS", "two"), ("TVM_THREAD_POOL_SPIN_COUNT", "-1"),
+                                         ("TVM_NUM_THREADS", "two"), ("TVM_NUM_THREADS", "\u00b2"),
+                                         ("TVM_NUM_THREADS", "\u0663"), ("TVM_THREAD_POOL_SPIN_COUNT", "-1"),
                                          ("TVM_THREAD_POOL_SPIN_COUNT", "1000000000")])
 def test_thread_settings_tvm_would_hang_on_are_refused(monkeypatch, name, value):
     # TVM's pool takes them when its first parallel kernel runs; then the call or the

@@ -1,6 +1,7 @@
 """Autotuning: records, resume, dispatch to the best record, failed and pruned candidates."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -351,7 +352,6 @@ def test_every_launch_replays_over_rpc(name, kind):
     and only kernels that its target's library holds (a GPU-less check of the CUDA launch)."""
     import dataclasses
 
-
     op = get(name)
     model = targets.resolve("llvm") if kind == "llvm" else targets.cuda("sm_80")
     case = next(c for c in op.spec.cases if c.set == "network" and c.expect == "ok")
@@ -368,14 +368,39 @@ def test_every_launch_replays_over_rpc(name, kind):
         assert {t.name for t in op.spec.outputs} <= used
 
 
-def test_a_record_whose_knobs_do_not_build_falls_back_to_the_hand_tuned_default(tmp_path, model, monkeypatch, caplog):
-    path = tmp_path / "records.jsonl"
-    knobs = dict(OP.schedules["llvm"].defaults, c_tile=-3)  # plan() refuses it
+def write_record(path, model, knobs):
     path.write_text(json.dumps({"op": OP.name, "dtype": "float32", "target": model.key, "shape_class": SHAPE_CLASS,
                                 "case": CASE, "knobs": knobs, "status": "ok", "correct": True,
                                 "median_s": 1e-6, "runner": "local"}) + "\n")
+
+
+def test_a_record_whose_knobs_the_plan_refuses_is_ignored(tmp_path, model, monkeypatch, caplog):
+    """Calls, `build` and `list` alike keep the hand-tuned default (build used to stop on it)."""
+    path = tmp_path / "records.jsonl"
+    write_record(path, model, dict(OP.schedules["llvm"].defaults, c_tile=-3))  # plan() refuses it
     monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
     OP.clear_call_cache()
+    with caplog.at_level("WARNING", logger="tvm_ops.records"):
+        assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
+        assert all(v.origin == "hand-tuned" for v in dispatch.variants(OP, "float32", model))
+    assert "ignoring the tuning record" in caplog.text and "c_tile" in caplog.text
+
+
+def test_a_record_whose_library_does_not_build_falls_back_to_the_hand_tuned_default(
+        tmp_path, model, monkeypatch, caplog):
+    path = tmp_path / "records.jsonl"
+    knobs = dict(OP.schedules["llvm"].defaults, c_tile=16)
+    write_record(path, model, knobs)
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
+    OP.clear_call_cache()
+    library = dispatch._library
+
+    def failing_for_records(variant):
+        if variant.origin != "hand-tuned":
+            raise RuntimeError("LLVM failed")  # a compiler error, a library that does not load
+        return library(variant)
+
+    monkeypatch.setattr(dispatch, "_library", failing_for_records)
     inputs, params = call_inputs(16, 16, 64, 512)
     assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).knobs == knobs
     with caplog.at_level("WARNING", logger="tvm_ops.dispatch"):
@@ -433,10 +458,25 @@ def test_a_record_naming_no_candidate_of_a_choice_knob_is_not_used(tmp_path, mod
         op.plan(model, dict(op.schedules["llvm"].defaults, sort="bogus"))
 
 
-@pytest.mark.parametrize("where", ["a folder", "not utf-8"])
+@pytest.mark.parametrize("knob, value", [("small_radix_bits", 16), ("small_radix_bits", 0), ("tile", 7),
+                                         ("tile", 2048), ("small_sort_keys", -1), ("prefetch_points", 4.0),
+                                         ("split_min_points", True)])
+def test_dynamic_scatter_forward_refuses_numbers_its_buffers_are_not_sized_for(model, knob, value):
+    """A record may hold any number: a 16-bit digit overran the 14-bit histograms (heap
+    corruption, measured), so the plan refuses such knobs and the call keeps the defaults."""
+    op = get("dynamic_scatter_forward")
+    with pytest.raises(ValueError, match=f"{knob} must be"):
+        op.plan(model, dict(op.schedules["llvm"].defaults, **{knob: value}))
+    assert op.plan(model, dict(op.schedules["llvm"].defaults, small_radix_bits=14, tile=64))["small_radix_bits"] == 14
+
+
+@pytest.mark.parametrize("where", ["a folder", "a fifo", "not utf-8"])
 def test_records_that_cannot_be_read_leave_the_calls_on_the_defaults(tmp_path, model, monkeypatch, caplog, where):
     if where == "a folder":
         path = tmp_path
+    elif where == "a fifo":  # its read would block until a writer came
+        path = tmp_path / "records.fifo"
+        os.mkfifo(path)
     else:
         path = tmp_path / "records.jsonl"
         path.write_bytes(bytes(range(256)) * 4)
@@ -448,5 +488,5 @@ def test_records_that_cannot_be_read_leave_the_calls_on_the_defaults(tmp_path, m
     OP.clear_call_cache()
     np.testing.assert_allclose(out, TESTING.reference(inputs, params)["grad_features"], rtol=1e-5, atol=1e-6)
     assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
-    if where == "a folder":
+    if where != "not utf-8":
         assert "cannot read the tuning records" in caplog.text

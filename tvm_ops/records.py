@@ -74,6 +74,8 @@ def read(path: Path) -> list[dict]:
     if cached and cached[0] == stamp:
         return cached[1]
     try:
+        if not path.is_file():  # a fifo or a device would block the read
+            raise OSError("not a regular file")
         lines = path.read_bytes().splitlines()
     except OSError as exc:  # a folder, no permission: tuning records are optional
         log.warning("cannot read the tuning records %s (%s); using the hand-tuned defaults", path, exc)
@@ -107,7 +109,21 @@ def usable(op, dtype: str, model: targets.TargetModel, path: Path | None = None)
             if r.get("op") == op.name and r.get("dtype") == dtype and r.get("target") == model.key
             and r.get("status") == "ok" and r.get("correct") and r.get("median_s")
             and r.get("runner", "local") == "local"  # measured on this machine, not an RPC board
-            and set(r["knobs"]) == set(defaults) and _known_values(r["knobs"], op.schedules[model.kind].candidates)]
+            and set(r["knobs"]) == set(defaults) and _known_values(r["knobs"], op.schedules[model.kind].candidates)
+            and _planned(op, model, r)]
+
+
+def _planned(op, model: targets.TargetModel, row: dict) -> bool:
+    """Whether the op's plan takes the record's knobs: a number outside the ranges its kernels'
+    buffers are sized for is refused there, and such a record is skipped (calls, `build` and
+    `list` alike), with a warning."""
+    try:
+        op.plan(model, row["knobs"])
+    except Exception as exc:  # noqa: BLE001 - whatever a record holds, it must not break a call
+        log.warning("%s: ignoring the tuning record of case %s: its knobs %s are refused (%s: %s)", op.name,
+                    row.get("case"), row["knobs"], type(exc).__name__, exc)
+        return False
+    return True
 
 
 def _known_values(knobs: dict, candidates: dict) -> bool:

@@ -185,7 +185,7 @@ def _require_thread_settings() -> None:
         if raw is None:
             continue
         text = raw.strip()
-        if not (text.isdigit() and least <= int(text) <= most):
+        if not (text.isascii() and text.isdigit() and least <= int(text) <= most):  # TVM's atoi: ASCII only
             raise BadParamError(f"{name} must be an integer from {least} to {most}, got {raw!r}")
 
 
