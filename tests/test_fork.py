@@ -95,6 +95,28 @@ def test_a_child_forked_while_another_thread_builds_is_not_blocked(monkeypatch):
     assert status == 0
 
 
+def test_a_fork_waits_for_a_thread_importing_tvm_or_building():
+    """A child forked in the middle of another thread's `import tvm` would find that module's
+    import lock held for ever (measured: the child's first call hung); the fork waits for the
+    guard that the import (forked.import_tvm) and every build (build.build_entry) hold."""
+    holding, released_at = threading.Event(), []
+
+    def importer():
+        with forked.tvm_import_guard():
+            holding.set()
+            time.sleep(0.5)
+            released_at.append(time.monotonic())
+
+    worker = threading.Thread(target=importer)
+    worker.start()
+    assert holding.wait(30)
+    status = in_child(lambda: forked.tvm_import_guard().acquire(timeout=5))  # the child's guard is free
+    forked_at = time.monotonic()
+    worker.join(30)
+    assert status == 0 and released_at and forked_at >= released_at[0]
+    assert forked.import_tvm() is __import__("tvm")
+
+
 def test_a_childs_writes_to_a_reused_block_stay_in_the_child():
     # blocks of large outputs are private mappings: the child's copy is its own
     array = host_buffers.empty(((host_buffers.MIN_BYTES // 4),), np.float32)

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import host_record, one_core, paths, runtime_library, targets
+from . import forked, host_record, one_core, paths, runtime_library, targets
 from .macro_lookup import fast_macro_lookup
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,13 @@ def _remove(path: Path) -> None:
 
 def build_entry(variant: Variant, out_dir: Path) -> Path:
     """Compile `variant` into out_dir/<entry>/: written to a temp dir, then renamed into
-    place; when another process published the same entry first, its copy is kept."""
+    place; when another process published the same entry first, its copy is kept. A fork
+    meanwhile waits for it (its compute modules import TVM's: forked.tvm_import_guard)."""
+    with forked.tvm_import_guard():
+        return _build_entry(variant, out_dir)
+
+
+def _build_entry(variant: Variant, out_dir: Path) -> Path:
     global build_count
     import tvm
 

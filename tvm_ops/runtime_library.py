@@ -17,6 +17,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from . import forked
+
 
 @functools.cache
 def _runtime_loaded() -> bool:
@@ -39,9 +41,7 @@ def load_module(path: Path, cpu_only: bool):
     """The tvm_ffi Module of the shared library at `path`; `cpu_only`: it holds CPU code alone
     (a CUDA library's device code needs TVM's CUDA runtime, which importing TVM loads)."""
     if not cpu_only or "tvm" in sys.modules or not _runtime_loaded():
-        import tvm
-
-        return tvm.runtime.load_module(str(path))
+        return forked.import_tvm().runtime.load_module(str(path))
     import tvm_ffi
 
     return tvm_ffi.load_module(str(path))

@@ -17,7 +17,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import host_record
+from . import forked, host_record
 from .errors import ArchMismatchError, BadParamError
 
 TARGET_KINDS = ("llvm", "cuda")
@@ -99,7 +99,7 @@ def _llvm_features(mtriple: str, cpu: str) -> frozenset:
     host = host_record.load() if not mtriple else None  # the host's CPU: known without TVM
     if host is not None and host["cpu"] == cpu:
         return frozenset(host["features"])
-    import tvm
+    tvm = forked.import_tvm()
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, **({"mtriple": mtriple} if mtriple else {})})
     return frozenset(tvm.get_global_func("target.llvm_get_cpu_features")(target))
@@ -207,7 +207,7 @@ def host_cpu() -> TargetModel:
     if known is not None:
         cpu = known["cpu"]
     else:
-        import tvm
+        tvm = forked.import_tvm()
 
         cpu = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")()
         host_record.store(cpu, _llvm_features("", cpu), _host_features())
@@ -222,7 +222,7 @@ def _host_features() -> dict:
     known = host_record.load()  # kept with the host's CPU name: no TVM
     if known is not None:
         return known["host"]
-    import tvm
+    tvm = forked.import_tvm()
 
     # Python bools: TVM's values are IntImm, whose truth test costs ~0.15 us, and the
     # checked path tests ~60 of them (10 us of every new call signature)
@@ -249,7 +249,7 @@ def other_cpu(spec: str) -> TargetModel:
     name, its core count (default: this host's) and vector width (from LLVM's feature
     table); the on-chip budget is this host's L2. Libraries for it build here, with this
     host's toolchain, so only x86-64 Linux targets are supported."""
-    import tvm
+    tvm = forked.import_tvm()
 
     mcpu, _, cores = spec.partition(":")
     if not tvm.get_global_func("target.llvm_is_valid_cpu")(mcpu, "x86_64-linux-gnu"):
@@ -271,7 +271,7 @@ def llvm_cpu(mtriple: str, mcpu: str = "generic", cores: int | None = None) -> T
     triple gives other_cpu's model): its kernels build here to assembly (linking them needs
     that platform's toolchain) and run there. Its vector width is LLVM's for the CPU; cores
     default to this host's, the on-chip budget is this host's L2."""
-    import tvm
+    tvm = forked.import_tvm()
 
     if triple_arch(mtriple) == "x86_64":
         return other_cpu(f"{mcpu}:{cores}" if cores else mcpu)
@@ -323,7 +323,7 @@ def cuda(arch: str | None = None) -> TargetModel:
 def local_cuda_arch() -> str | None:
     """The arch of GPU 0 if this process can see one, else None (a process's GPUs are fixed
     when CUDA starts, so this is asked once)."""
-    import tvm
+    tvm = forked.import_tvm()
 
     dev = tvm.cuda(0)
     if not dev.exist:
