@@ -97,7 +97,8 @@ def test_bad_arguments_exit_non_zero():
 
 
 @pytest.mark.parametrize("args", [("frobnicate",), ("tune", "--op", "x", "--shape", "B2"), ("test", "--op", "nope"),
-                                  ("bench", "--repeat", "many")])
+                                  ("bench", "--repeat", "many"), ("build", "--op", "three_nn", "--out", __file__),
+                                  ("tune", "--op", "three_interpolate_backward", "--shape", "N=10000000000000")])
 def test_a_failure_exits_non_zero_with_one_line(args):
     done = cli(*args)
     assert done.returncode == 2

@@ -107,6 +107,10 @@ def cmd_build(args) -> int:
 
     model = targets.resolve(args.target)
     out = Path(args.out) if args.out else paths.writable_cache_dir()
+    if out.exists() and not out.is_dir():  # said before any library is compiled
+        from .errors import BadParamError
+
+        raise BadParamError(f"--out {out} is a file; give a folder (made if missing)")
     # hand-tuned, then each tuned shape class's best, per (op, dtype)
     ops = _ops(args.op)
     todo = [v for op in ops for dtype in _dtypes(op, args.dtype) for v in dispatch.variants(op, dtype, model)]
