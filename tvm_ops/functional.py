@@ -126,12 +126,18 @@ def _traced_as_one_call(function):
     module's globals, which a caller's `from tvm_ops.functional import ...` bypasses.)"""
     @functools.wraps(function)
     def call(*args, **kwargs):
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, torch.fx.Proxy):
+        for value in args:  # (this runs on every call: the arguments once, no tuple built)
+            if isinstance(value, _PROXY):
+                return value.tracer.create_proxy("call_function", call, args, kwargs)
+        for value in kwargs.values():
+            if isinstance(value, _PROXY):
                 return value.tracer.create_proxy("call_function", call, args, kwargs)
         return function(*args, **kwargs)
 
     return call
+
+
+_PROXY = torch.fx.Proxy
 
 
 # --- multi-scale deformable attention -------------------------------------------------------
