@@ -1,11 +1,12 @@
 """The custom ops of tvm_ops.functional, and their plain eager calls without the dispatcher.
 
 Each torch function is a `torch.library.custom_op`, so that torch.compile, fake and meta
-tensors, torch.func and vmap, dispatch and function modes, jit tracing and the profiler see
-one op, with its fake implementation and its autograd formula. A plain eager call pays for
+tensors, torch.func.vmap, dispatch and function modes, jit tracing and the profiler see one
+op, with its fake implementation and its autograd formula (torch.func's grad, vjp, jacrev,
+jvp and jacfwd are refused: functional.py). A plain eager call pays for
 that machinery: the dispatcher's round trips and the custom op's autograd wrapper cost ~5-8
 us of a forward and ~25 us of a training step on the CPU, more than a small case's kernels
-(docs/performance.md). So `custom_op` registers the op as before and returns a `CustomOp`
+(docs/performance.md). So `custom_op` registers the custom op and returns a `CustomOp`
 that runs a plain call -- every tensor a plain strided tensor with storage (an nn.Parameter
 too) on the CPU or a GPU, made outside all of the above -- straight to the op's implementation: through
 a torch.autograd.Function built from the op's own setup_context and backward formula when a

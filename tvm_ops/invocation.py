@@ -3,8 +3,9 @@
 A CallPlan is a checked call ready to run (the problem, the kernels, the shapes and
 dtypes of the outputs it allocates, the workspaces and zero-fills the kernels' plan
 declares). `Operator.call` keeps the plan of each recent call signature (every
-argument's kind, shape, dtype, strides, device and writability, every parameter, the
-target and which outputs were given) in a CallCache and runs it on the next call's
+argument's kind, shape, dtype, strides, device and writability, a torch tensor's
+requires_grad too, every parameter, the target and which outputs were given) in a
+CallCache and runs it on the next call's
 tensors: only the values an operator reads on the host (`Operator.value_rules`) are
 checked again, then outputs and workspaces are allocated and the kernels launched. The
 tuner runs a plan per candidate library on pre-allocated outputs given as out=.

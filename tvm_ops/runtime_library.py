@@ -5,7 +5,7 @@ relax, TensorIR, targets) takes a process ~1 s and ~150 MB to import, while a bu
 library needs only TVM's runtime library (its thread pool and workspaces, which the
 kernels call) and tvm_ffi's loader. Where the installed TVM package has its runtime
 library where its wheel puts it, that is what loads the kernels; otherwise (a source
-build elsewhere) TVM is imported as before. A process that imports TVM later (to build)
+build elsewhere) TVM's package is imported to load it. A process that imports TVM later (to build)
 loads the same runtime library file: the loader maps it once.
 """
 

@@ -109,7 +109,7 @@ class BorderAlignBackward(Operator):
                 "mmcv's layout)" if name == "grad_input" else "")
 
     def plan(self, model, knobs):
-        """The seed's policy (../shared/seeds/border_align_backward.md, 3.2), step by step.
+        """The policy of mlu-ops' design for border_align_backward (section 3.2), step by step.
 
         Task split: the seed splits the N*K*4 borders evenly over taskDim; here a task is an
         owner (n, border, owner_lanes channels), handed out by the shared task counter on the

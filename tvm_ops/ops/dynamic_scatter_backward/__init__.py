@@ -92,7 +92,7 @@ class DynamicScatterBackward(Operator):
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
-        """The seed's policy (../shared/seeds/dynamic_scatter_backward.md, 3.3), step by step.
+        """The policy of mlu-ops' design for dynamic_scatter_backward (section 3.3), step by step.
 
         The seed splits the points (traceback) and the voxels (scatter) evenly over the cores;
         here the CPU's parallel loops and the CUDA grid do that split, and the plan sizes

@@ -104,7 +104,7 @@ class MsDeformAttnBackward(LevelChecks, Operator):
 
     # --- kernels ------------------------------------------------------------
     def plan(self, model, knobs):
-        """The seed's policy (../shared/seeds/ms_deform_attn_backward.md, 3.2-3.3), step by step.
+        """The policy of mlu-ops' design for ms_deform_attn_backward (section 3.2-3.3), step by step.
 
         Task split: the seed splits B*Q*H*L evenly over taskDim and adds with atomics; the CPU
         owner is a (b, h) slice of grad_value, handed out by the shared task counter

@@ -51,7 +51,7 @@ class ThreeInterpolateBackward(Operator):
     kernel_names = KERNELS
 
     def plan(self, model, knobs):
-        """The seed's policy (../shared/seeds/three_interpolate_backward.md, 3.3), step by step."""
+        """The policy of mlu-ops' design for three_interpolate_backward (section 3.3), step by step."""
         # budget: the on-chip memory the schedule file names (L2 per core; shared per block)
         pol = policy.for_target(model, self.schedules[model.kind].onchip)
         # Co and No: the knobs; go_t[No, Co] float32 is staged first (the seed sizes N first)

@@ -76,7 +76,7 @@ class VoxelPoolingForward(Operator):
     kernel_names = ("pos_memo", *POOLS, "sort_points", "segment_sum")
 
     def plan(self, model, knobs):
-        """The seed's policy (../shared/seeds/voxel_pooling_forward.md, 3.1), step by step.
+        """The policy of mlu-ops' design for voxel_pooling_forward (section 3.1), step by step.
 
         Nothing is staged on chip (the seed's NRAM point and channel buffers are registers
         and the caches here), so the plan is a task split and a vector width."""
