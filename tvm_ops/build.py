@@ -371,7 +371,7 @@ def find_entry(variant: Variant) -> Path | None:
             if _valid_entry(entry, variant):
                 return entry
             log.warning("library %s is corrupt or unreadable; %s", entry,
-                        "rebuilding it" if folder == cache else "ignoring it (building into the cache)")
+                        "removing it from the cache" if folder == cache else "ignoring it")
             if folder == cache:
                 _remove(entry)
     return None
