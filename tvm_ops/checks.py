@@ -160,14 +160,11 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, o
     if op_rules is not None:
         op_rules(problem)
     # 6. large tensors
-    for t in spec.inputs + spec.outputs:
-        if any(d in spec.counted and d not in sizes for d in t.dims):
-            continue  # sized by the kernels' count, within what the inputs hold
-        shape = [d if isinstance(d, int) else sizes[d] for d in t.dims]
-        count = math.prod(shape)
-        if count >= LARGE_TENSOR:
-            raise NotSupportedError(f"{op}: {t.name} has {count} elements (shape {shape}); tensors of "
-                                    f"2^31 - 2^20 elements or more are not supported (int32 indexing)")
+    large = large_tensor(spec, sizes)
+    if large is not None:
+        name, shape = large
+        raise NotSupportedError(f"{op}: {name} has {math.prod(shape)} elements (shape {shape}); tensors of "
+                                f"2^31 - 2^20 elements or more are not supported (int32 indexing)")
     # 7. zero-element rules
     zeros = [s for s in spec.zero_bad_param if sizes[s] == 0]
     if zeros:
@@ -180,6 +177,18 @@ def check(spec: OpSpec, inputs: dict, params: dict, outs: dict, op_rules=None, o
                 raise BadParamError(f"{op}: {s} is 0 when {', '.join(spec.zero_empty_success)} is 0, got "
                                     f"{sizes[s]} from {source[s]}")
     return problem
+
+
+def large_tensor(spec: OpSpec, sizes: dict) -> tuple | None:
+    """(name, shape) of the first tensor of LARGE_TENSOR elements or more at `sizes`, or None;
+    a tensor with a size `sizes` lacks (one the kernels count, within what the inputs hold)
+    is skipped."""
+    for t in spec.inputs + spec.outputs:
+        if all(isinstance(d, int) or d in sizes for d in t.dims):
+            shape = list(shape_of(t.dims, sizes))
+            if math.prod(shape) >= LARGE_TENSOR:
+                return t.name, shape
+    return None
 
 
 def _output_symbols(spec: OpSpec, given: dict) -> set:
@@ -196,4 +205,4 @@ def shape_of(dims, sizes: dict) -> tuple:
     return tuple(d if isinstance(d, int) else sizes[d] for d in dims)
 
 
-__all__ = ["Problem", "check", "int_param", "output_shape", "shape_of", "LARGE_TENSOR"]
+__all__ = ["Problem", "check", "int_param", "large_tensor", "output_shape", "shape_of", "LARGE_TENSOR"]

@@ -43,7 +43,6 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import multiprocessing
 import socket
 import statistics
@@ -138,11 +137,10 @@ def with_shape(op, case, overrides: dict):
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise BadParamError(f"{op.name}: --shape {name} must be a non-negative integer, got {size!r}")
     shape = dict(case.shape, **overrides)
-    for tensor in op.spec.inputs + op.spec.outputs:  # said before a tensor of the size is made
-        dims = [d for d in tensor.dims if isinstance(d, int) or d in shape]
-        if math.prod(checks.shape_of(dims, shape)) >= checks.LARGE_TENSOR:
-            raise BadParamError(f"{op.name}: --shape makes {tensor.name} {checks.LARGE_TENSOR} elements or more; "
-                                f"the kernels index in int32")
+    large = checks.large_tensor(op.spec, shape)  # said before a tensor of the size is made
+    if large is not None:
+        raise BadParamError(f"{op.name}: --shape makes {large[0]} {checks.LARGE_TENSOR} elements or more; "
+                            f"the kernels index in int32")
     suffix = ",".join(f"{k}={v}" for k, v in overrides.items())
     return dataclasses.replace(case, name=f"{case.name}[{suffix}]", shape=shape)
 
