@@ -132,7 +132,7 @@ class CallPlan:
         if problem.empty:
             for name in problem.outs:
                 interop.zero(outputs[name])
-            return self._returned(outputs)
+            return self._handed_back(outputs)
         tensors = {**inputs, **outputs}
         for name in self.copied:
             tensors[name] = interop.make_contiguous(inputs[name])
@@ -149,9 +149,10 @@ class CallPlan:
                 outputs[name] = tensors[name] = interop.empty_like_kind(problem.kind, problem.where, shape, dtype,
                                                                         zero=False)
         op.launch(self.kernels, problem, tensors)
-        return self._returned(outputs)
+        return self._handed_back(outputs)
 
-    def _returned(self, outputs: dict):
+    def _handed_back(self, outputs: dict):
+        """What the call returns, the caller's torch out= buffers' writes counted first."""
         if self.count_writes is not None:
             self.count_writes([outputs[name] for name in self.given])
         return _returned(outputs, self.returned_names)

@@ -179,10 +179,10 @@ def _require_thread_settings() -> None:
     removed, as unset: TVM would read it as 0 (one thread, or workers that never spin)."""
     for name, least, most in (("TVM_NUM_THREADS", 1, MAX_THREADS), (SPIN_ENV, 0, MAX_SPIN)):
         raw = os.environ.get(name)
-        if raw is not None and not raw.strip():
-            del os.environ[name]
-            continue
         if raw is None:
+            continue
+        if not raw.strip():
+            del os.environ[name]
             continue
         text = raw.strip()
         if not (text.isascii() and text.isdigit() and least <= int(text) <= most):  # TVM's atoi: ASCII only

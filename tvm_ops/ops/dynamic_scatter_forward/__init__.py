@@ -20,6 +20,7 @@ grouping here).
 from __future__ import annotations
 
 from ... import policy
+from ...checks import INT32_MAX
 from ...errors import BadParamError
 from .. import fixed_channels
 from ..base import Operator
@@ -68,7 +69,6 @@ def _reduces_whole_rows(problem) -> bool:
 
 
 MAX_TILE = 1024  # the bitonic plan's tile: a CUDA block's threads
-INT32_MAX = 2**31 - 1
 
 
 def _whole(knobs: dict, name: str, least: int, most: int) -> int:
