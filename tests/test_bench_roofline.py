@@ -99,6 +99,26 @@ def test_dram_is_the_faster_of_the_cached_and_the_streamed_copy():
     assert dram.bandwidth(medians) == dram.moved / 1.0  # the faster copy is the roofline
 
 
+def test_a_streamed_store_is_whole_cache_lines_whatever_the_vector_width():
+    import numpy as np
+    import tvm
+
+    from tvm_ops.ops import cpu_ir
+
+    assert [cpu_ir.line_vector(lanes, "float32") for lanes in (4, 8, 16, 32)] == [16, 16, 16, 32]
+    assert cpu_ir.line_vector(16, "float16") == 32
+    if "avx2" not in targets.resolve("llvm").features():
+        pytest.skip("this CPU cannot run AVX2 code")
+    avx2 = targets.resolve("llvm:haswell")  # a float32 register is half a cache line
+    assert bench.streamed_copy(avx2)
+    lib, dev = bench._copy_kernel(avx2, streamed=True)
+    assert "vmovntps\t%ymm" in lib.inspect_source("asm")  # two non-temporal stores a line
+    src = np.random.default_rng(0).random((bench._STREAMED_TASK_ROWS + 3, bench._COPY_ROW), dtype=np.float32)
+    dst = tvm.runtime.tensor(np.full_like(src, np.nan), dev)
+    lib[lib.entry_name](tvm.runtime.tensor(src, dev), dst)
+    assert np.array_equal(dst.numpy(), src)
+
+
 def test_the_read_kernel_sums_each_tasks_rows():
     import numpy as np
     import tvm

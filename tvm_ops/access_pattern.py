@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .host_buffers import LINE_BYTES
 
 VECTOR = 256  # elements per step of a group's walk: W itself up to this, else its widest divisor below it
 # the walk prefetches the row this many entries on (rows at random: no hardware prefetcher
@@ -130,17 +129,14 @@ def _lanes(model, vector: int) -> int:
 
 def streamable(model, pattern: AccessPattern) -> bool:
     """Whether the pattern is also timed with its output streamed: a gather alone whose
-    [G, W] float32 output is STREAM_MIN_BYTES or more, on an x86 host whose vector registers
-    are whole cache lines, each row whole lines (the output starts on one, as TVM tensors
-    do)."""
+    [G, W] float32 output is STREAM_MIN_BYTES or more, on an x86 host, each step's vector
+    whole cache lines (so each row is; the output starts on one, as TVM tensors do)."""
     from .ops import cpu_ir
 
-    line_words = LINE_BYTES // 4
-    lanes = _lanes(model, _vector(pattern.width))
     groups = len(pattern.offsets) - 1
     return (pattern.gather and not pattern.scatter and pattern.dtype == "float32"
             and groups * pattern.width * 4 >= STREAM_MIN_BYTES and cpu_ir.has_streaming_stores(model.features())
-            and lanes % line_words == 0 and pattern.width % line_words == 0)
+            and _vector(pattern.width) % cpu_ir.line_words("float32") == 0)
 
 
 _kernels: dict = {}
@@ -174,9 +170,10 @@ def kernel(model, pattern: AccessPattern, ahead: int, streamed: bool = False):
     lanes = _lanes(model, vector)
     parts = vector // lanes  # whole vector registers per step
     K = STREAMED_TASK_GROUPS if streamed else 1  # groups per parallel task
-    stream = f"tvm_ops_stream_x{lanes}_float32"
-    task_annotations = {"pragma_import_llvm": cpu_ir.stream_ir(model.features(), lanes, "float32")} if streamed \
-        else None
+    line_vector = cpu_ir.line_vector(lanes, "float32")  # a streamed store's registers: whole lines
+    stream = f"tvm_ops_stream_x{line_vector}_float32"
+    task_annotations = {"pragma_import_llvm": cpu_ir.stream_ir(model.features(), line_vector, "float32")} \
+        if streamed else None
 
     @T.prim_func(s_tir=True)
     def pattern(table_h: T.handle, updated_h: T.handle, src_h: T.handle, out_h: T.handle, offsets_h: T.handle,
@@ -218,14 +215,15 @@ def kernel(model, pattern: AccessPattern, ahead: int, streamed: bool = False):
                                     acc[part * lanes + lane] = acc[part * lanes + lane] + T.Cast(f32, table[row, at])
                                 if scatter:
                                     updated[row, at] = updated[row, at] + src[g, at]
-                    if gather:
+                    if gather and streamed:  # float32: the sums themselves, whole lines per store
+                        for part in T.unroll(vector // line_vector):
+                            T.evaluate(T.call_extern("void", stream, T.address_of(
+                                out[g, step * vector + part * line_vector]),
+                                acc[T.Ramp(part * line_vector, 1, line_vector)]))
+                    elif gather:
                         for part in T.unroll(parts):
-                            if streamed:  # float32: the sums themselves, a whole line per part
-                                T.evaluate(T.call_extern("void", stream, T.address_of(
-                                    out[g, step * vector + part * lanes]), acc[T.Ramp(part * lanes, 1, lanes)]))
-                            else:
-                                for lane in T.vectorized(lanes):
-                                    out[g, step * vector + part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
+                            for lane in T.vectorized(lanes):
+                                out[g, step * vector + part * lanes + lane] = T.Cast(dtype, acc[part * lanes + lane])
             if streamed:
                 T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
 

@@ -271,13 +271,11 @@ def _copy_buffers(model: TargetModel, nbytes: int) -> list:
 
 def streamed_copy(model: TargetModel) -> bool:
     """Whether the copy kernel has a streamed variant here: this host's CPU, with x86's
-    non-temporal stores, whose float32 vector is whole cache lines (a streamed store must
-    cover its line; the rows, 1 KiB each, start on one, as TVM tensors are 64-byte aligned)."""
+    non-temporal stores (each of whole cache lines, cpu_ir.line_vector: the rows, 1 KiB each,
+    start on one, as TVM tensors are 64-byte aligned)."""
     from .ops import cpu_ir
 
-    lanes = model.lanes("float32")
-    return host_cpu(model) and cpu_ir.has_streaming_stores(model.features()) and \
-        lanes * 4 % host_buffers.LINE_BYTES == 0
+    return host_cpu(model) and cpu_ir.has_streaming_stores(model.features())
 
 
 def host_cpu(model: TargetModel) -> bool:
@@ -339,7 +337,7 @@ def _streamed_copy_module(model: TargetModel):
 
     from .ops import cpu_ir
 
-    lanes, K = model.lanes("float32"), _STREAMED_TASK_ROWS
+    lanes, K = cpu_ir.line_vector(model.lanes("float32"), "float32"), _STREAMED_TASK_ROWS
     store = f"tvm_ops_stream_x{lanes}_float32"
 
     @T.prim_func(s_tir=True)

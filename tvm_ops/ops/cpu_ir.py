@@ -71,6 +71,14 @@ def whole_lines(lanes: int, dtype: str) -> bool:
     return lanes % line_words(dtype) == 0
 
 
+def line_vector(lanes: int, dtype: str) -> int:
+    """The narrowest vector of whole `lanes`-wide registers that is whole cache lines: what a
+    streamed store writes (an AVX2 register is half a float32 line: two of them, adjacent,
+    fill it, as LLVM splits the wider store)."""
+    words = line_words(dtype)
+    return lanes if lanes % words == 0 else -(-words // lanes) * lanes
+
+
 def stream_ir_if(features, lanes: int, dtype: str, stream: bool) -> str:
     """stream_ir(features, lanes, dtype) for a kernel that streams (asked for, and its vectors
     are whole lines: whole_lines), else ""."""
