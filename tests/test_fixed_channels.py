@@ -146,7 +146,16 @@ def test_scatter_backward_runs_a_copy_only_at_its_channel_count(channels):
     problem = checks.check(SCATTER_BACKWARD.spec, problem_inputs(grad, point_map, count), {"voxel_num": None,
                            "reduce_type": "max"}, {}, SCATTER_BACKWARD.rules)
     launched = [name for name, _ in trace_launch(SCATTER_BACKWARD, problem, plan)]
-    assert launched[1] == (f"max_voxels_rows_c{channels}" if channels in VOXEL_ENCODER_CHANNELS else "max_voxels")
+    assert launched[1] == (f"max_voxels_rows_c{channels}" if channels in plan["whole_rows"] else "max_voxels")
+
+
+def test_scatter_backward_max_takes_whole_rows_only_where_they_stay_in_registers():
+    # first-match indices and the voxel's max: 2 x C / lanes registers, at most half the file
+    plans = {cpu: SCATTER_BACKWARD.plan(targets.resolve(f"llvm:{cpu}"), SCATTER_BACKWARD.schedules["llvm"].defaults)
+             for cpu in ("skylake-avx512", "haswell", "aarch64")}
+    assert plans["skylake-avx512"]["whole_rows"] == [64, 128]  # 32 registers of 16 lanes
+    assert plans["haswell"]["whole_rows"] == []  # 16 registers of 8 lanes: C = 64 fills them
+    assert plans["aarch64"]["whole_rows"] == []  # 32 registers of 4 lanes
 
 
 @pytest.mark.parametrize("channels", [*VOXEL_ENCODER_CHANNELS, 48])

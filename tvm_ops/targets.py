@@ -82,6 +82,14 @@ class TargetModel:
     def _mattr(self) -> dict:
         return {"mattr": [f"-{feature}" for feature in self.disabled]} if self.disabled else {}
 
+    @property
+    def vector_registers(self) -> int:
+        """SIMD registers a CPU kernel keeps its values in: 32 with AVX-512 and on AArch64,
+        16 on other x86-64 CPUs (AVX2 and before); 0 for cuda."""
+        if self.kind != "llvm":
+            return 0
+        return 32 if self.mtriple or self.vector_bytes >= 64 else 16
+
     def features(self) -> frozenset:
         """The CPU's LLVM features ("avx512f", "sse2", "neon", ...); empty for cuda."""
         if self.kind != "llvm":
