@@ -278,6 +278,11 @@ def test_forward_mode_ad_is_refused_rather_than_a_zero_tangent():
             forward_mode()
     with fwAD.dual_level(), pytest.raises(tvm_ops.NotSupportedError, match="forward-mode AD"):
         interpolate(fwAD.make_dual(features, torch.ones_like(features)))
+    batch = features.expand(3, 1, 2, 4).clone()
+    with fwAD.dual_level(), pytest.raises(tvm_ops.NotSupportedError, match="forward-mode AD"):
+        torch.func.vmap(interpolate)(fwAD.make_dual(batch, torch.ones_like(batch)))  # the tangent under vmap
+    with fwAD.dual_level():  # no tangent anywhere: a dual level alone is no forward mode, vmap or not
+        assert all(torch.equal(row, interpolate(features)) for row in torch.func.vmap(interpolate)(batch))
     # reverse mode as before
     features.requires_grad_()
     interpolate(features).sum().backward()

@@ -28,7 +28,7 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
-from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor
+from torch._C._functorch import TransformType, get_interpreter_stack, get_unwrapped, is_functorch_wrapped_tensor
 from torch.autograd import forward_ad
 
 from . import checks, interop
@@ -108,15 +108,24 @@ def _reverse_mode_only(function: str, *differentiable) -> None:
     ("autograd.Function ... must override the setup_context staticmethod"). Costs a module
     attribute read and a probe outside those."""
     if getattr(forward_ad, "_current_level", -1) >= 0:  # a dual level or a functorch jvp
-        for tensor in differentiable:
-            if is_functorch_wrapped_tensor(tensor) or forward_ad.unpack_dual(tensor).tangent is not None:
-                raise NotSupportedError(f"{function}: forward-mode AD (torch.func.jvp, jacfwd, forward_ad) has no "
-                                        f"formula here; differentiate in reverse mode with autograd (backward, "
-                                        f"torch.autograd.grad)")
+        jvp = FUNCTORCH_ON() and any(level.key() == TransformType.Jvp for level in get_interpreter_stack())
+        if jvp or any(_has_tangent(tensor) for tensor in differentiable):
+            raise NotSupportedError(f"{function}: forward-mode AD (torch.func.jvp, jacfwd, forward_ad) has no "
+                                    f"formula here; differentiate in reverse mode with autograd (backward, "
+                                    f"torch.autograd.grad)")
     if FUNCTORCH_ON() and any(level.key() == TransformType.Grad for level in get_interpreter_stack()):
         raise NotSupportedError(f"{function}: torch.func.grad, vjp and jacrev cannot differentiate a custom op's "
                                 f"autograd formula (torch's limitation); use torch.autograd.grad or backward "
                                 f"(torch.func.vmap is supported)")
+
+
+def _has_tangent(tensor) -> bool:
+    """Whether `tensor`, or the tensor a functorch transform (vmap) wraps, is dual with a
+    tangent (forward_ad.make_dual): unpack_dual has no batching rule, so it reads the
+    innermost tensor."""
+    while is_functorch_wrapped_tensor(tensor):
+        tensor = get_unwrapped(tensor)
+    return forward_ad.unpack_dual(tensor).tangent is not None
 
 
 def _traced_as_one_call(function):
