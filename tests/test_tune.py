@@ -332,7 +332,8 @@ def test_launch_traces_for_rpc_with_declared_workspaces(monkeypatch):
     # like the tensors
     scatter = get("dynamic_scatter_backward")
     calls, problem = traced(scatter, reduce_type="max")
-    voxels = "max_voxels_rows_c128" if problem.sizes["C"] == 128 else "max_voxels"  # whole rows at C = 128
+    whole_rows = scatter.plan(targets.resolve("llvm"), scatter.schedules["llvm"].defaults)["whole_rows"]
+    voxels = f"max_voxels_rows_c{problem.sizes['C']}" if problem.sizes["C"] in whole_rows else "max_voxels"
     assert [name for name, _ in calls] == ["max_buckets", voxels, "max_unbucketed"]
     assert {"order", "start"} <= {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
 
