@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from ... import policy
 from ...errors import BadParamError
-from .. import fixed_channels
+from .. import cpu_ir, fixed_channels
 from ..base import Operator
 
 CUDA_LANES = 32
@@ -92,7 +92,8 @@ class VoxelPoolingForward(Operator):
         bands = knobs["row_bands"]
         if bands != "auto" and (isinstance(bands, bool) or not isinstance(bands, int) or bands < 1):
             raise ValueError(f"row_bands must be 'auto' or a positive integer, got {bands!r}")
-        # V: the channels of one step, one float32 vector (16 on AVX-512, 8 on AVX2);
+        # V: the channels of one step, whole float32 vectors making a cache line (one AVX-512
+        # register, two AVX2 ones), so that a streamed store of the zeros covers its line;
         # memo_chunk: pos_memo's points per task (the seed's nram_limit_pt_num)
         zero_fill = knobs["zero_fill"]
         kept_list = knobs["kept_list"]
@@ -102,7 +103,8 @@ class VoxelPoolingForward(Operator):
             raise ValueError(f"zero_fill must be one of {', '.join(ZERO_FILLS)}, got {zero_fill!r}")
         if not isinstance(knobs["stream_untouched"], bool):  # bool("false") would be True
             raise ValueError(f"stream_untouched must be true or false, got {knobs['stream_untouched']!r}")
-        return {"vec": pol.vector(), "algorithm": knobs["algorithm"], "row_bands": bands, "cores": pol.cores,
+        return {"vec": cpu_ir.line_vector(pol.lanes, "float32"), "algorithm": knobs["algorithm"], "row_bands": bands,
+                "cores": pol.cores,
                 "zero_fill": zero_fill,
                 "memo_chunk": int(knobs["memo_chunk"]), "kept_list": kept_list,
                 "stream_untouched": knobs["stream_untouched"], "stream_min_mib": int(knobs["stream_min_mib"])}
