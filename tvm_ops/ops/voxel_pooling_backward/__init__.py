@@ -25,7 +25,7 @@ kept, and a row that is not kept stores zeros.
 from __future__ import annotations
 
 from ... import policy
-from .. import fixed_channels
+from .. import cpu_ir, fixed_channels
 from ..base import Operator
 from ...host_buffers import LINE_BYTES
 from ..channels_last import is_channels_first_view, rewritten, to_channels_last_compute
@@ -62,9 +62,9 @@ class VoxelPoolingBackward(Operator):
         pol = policy.for_target(model)
         if model.kind == "cuda":
             return {"threads": int(knobs["threads"])}
-        registers = max(1, LINE_WORDS // pol.lanes)
-        return {"vec": pol.vector(registers), "task_points": int(knobs["task_points"]), "stream": bool(knobs["stream"]),
-                "prefetch_points": int(knobs["prefetch_points"]), "stream_min_mib": int(knobs["stream_min_mib"])}
+        return {"vec": cpu_ir.line_vector(pol.lanes, "float32"), "task_points": int(knobs["task_points"]),
+                "stream": bool(knobs["stream"]), "prefetch_points": int(knobs["prefetch_points"]),
+                "stream_min_mib": int(knobs["stream_min_mib"])}
 
     def computes(self, dtype, plan, model):
         from . import compute
