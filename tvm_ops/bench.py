@@ -337,8 +337,9 @@ def _streamed_copy_module(model: TargetModel):
 
     from .ops import cpu_ir
 
-    lanes, K = cpu_ir.line_vector(model.lanes("float32"), "float32"), _STREAMED_TASK_ROWS
-    store = f"tvm_ops_stream_x{lanes}_float32"
+    # words per store: whole cache lines of whole registers (two AVX2 ones a line)
+    words, K = cpu_ir.line_vector(model.lanes("float32"), "float32"), _STREAMED_TASK_ROWS
+    store = f"tvm_ops_stream_x{words}_float32"
 
     @T.prim_func(s_tir=True)
     def copy(a_h: T.handle, b_h: T.handle):
@@ -350,15 +351,15 @@ def _streamed_copy_module(model: TargetModel):
                 vt = T.axis.remap("S", [t])
                 T.reads(a[vt * K:vt * K + K, 0:_COPY_ROW])
                 T.writes(b[vt * K:vt * K + K, 0:_COPY_ROW])
-                for j, o in T.grid(T.min(K, rows - vt * K), _COPY_ROW // lanes):
-                    T.evaluate(T.call_extern("void", store, T.address_of(b[vt * K + j, o * lanes]),
-                                             a[vt * K + j, T.Ramp(o * lanes, 1, lanes)]))
+                for j, o in T.grid(T.min(K, rows - vt * K), _COPY_ROW // words):
+                    T.evaluate(T.call_extern("void", store, T.address_of(b[vt * K + j, o * words]),
+                                             a[vt * K + j, T.Ramp(o * words, 1, words)]))
                 T.evaluate(T.call_extern("void", "tvm_ops_store_fence"))
 
     sch = tvm.s_tir.Schedule(copy)
     (t,) = sch.get_loops(sch.get_sblock("task"))
     sch.parallel(t)
-    sch.annotate(t, "pragma_import_llvm", cpu_ir.stream_ir(model.features(), lanes, "float32"))
+    sch.annotate(t, "pragma_import_llvm", cpu_ir.stream_ir(model.features(), words, "float32"))
     return sch.mod
 
 
