@@ -155,15 +155,17 @@ def test_workspace_is_the_min_index_per_voxel_and_channel(monkeypatch):
 
 @pytest.mark.parametrize("case", [c.name for c in OP.spec.cases if not c.heavy and c.expect == "ok"
                                   and c.extra.get("reduce_type") == "max"])
-def test_both_max_plans_give_the_reference_bits(case, monkeypatch):
-    # voxels (the default: counting sort, a task per voxel) and channels (the traceback's
-    # channel-block owners, kept as the other candidate) on every max case
+def test_every_max_plan_gives_the_reference_bits(case, monkeypatch):
+    # voxels (the default: counting sort, a task per voxel), the same without its prefetch of
+    # the rows ahead, and channels (the traceback's channel-block owners, kept as the other
+    # candidate) on every max case
     from tvm_ops import runner
 
-    for owners in ("voxels", "channels"):
-        use_knobs(monkeypatch, OP, {"max_owners": owners})
+    for knobs in ({"max_owners": "voxels"}, {"max_owners": "voxels", "max_prefetch_points": 0},
+                  {"max_owners": "channels"}):
+        use_knobs(monkeypatch, OP, knobs)
         result = runner.run_case(OP, OP.spec.case(case), "float32", CPU)
-        assert result.verdict == "pass", (owners, result.detail)
+        assert result.verdict == "pass", (knobs, result.detail)
     OP.clear_call_cache()
 
 

@@ -114,6 +114,7 @@ class DynamicScatterBackward(Operator):
         # channels per owner step: lanes_mult whole SIMD registers (the NFU alignment)
         return {"vec": pol.vector(int(knobs["lanes_mult"])), "unroll_points": int(knobs["unroll_points"]),
                 "max_owners": knobs["max_owners"], "prefetch_points": int(knobs["prefetch_points"]),
+                "max_prefetch_points": int(knobs["max_prefetch_points"]),
                 "whole_rows": whole_rows(model)}
 
     def computes(self, dtype, plan, model):
@@ -124,7 +125,8 @@ class DynamicScatterBackward(Operator):
             return scatters
         rows = row_gather_computes(dtype, plan["vec"], plan["prefetch_points"])  # sum and mean
         if plan["max_owners"] == "voxels":  # the traceback's three kernels are not launched
-            return {**rows, **voxel_owner_computes(dtype, (plan["vec"], 1), model.kind)}
+            owners = voxel_owner_computes(dtype, (plan["vec"], 1), model.kind, plan["max_prefetch_points"])
+            return {**rows, **owners}
         return {**rows, **{name: scatters[name] for name in ("max_init", "max_traceback", "max_scatter")}}
 
     def _by_voxels(self, problem, plan) -> bool:

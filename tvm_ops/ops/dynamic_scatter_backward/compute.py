@@ -110,7 +110,7 @@ def kernel_computes(dtype: str) -> dict:
             "sum_scatter": sum_scatter, "mean_scatter": mean_scatter}
 
 
-def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
+def voxel_owner_computes(dtype: str, widths: tuple, kind: str, ahead: int) -> dict:
     """The CPU's max plan by voxel owners: `max_buckets` (serial) lists each valid voxel's
     points in index order (a counting sort of point2voxel_map: order, start), then
     `max_voxels` walks each voxel's points per channel vector twice: the first point whose
@@ -118,8 +118,11 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
     its points' gradient row written (g there, 0 elsewhere); `max_unbucketed` zeroes the
     rows of points in no valid voxel. The same winner as the traceback's min (the smallest
     matching index): the same bits. `widths`: channels per vector of max_voxels and
-    max_voxels_small; `kind`: the target's (llvm, cuda). On the CPU also max_voxels_rows_c<C>
-    at a voxel encoder's channels (fixed_channels): max_voxels with the whole row one vector."""
+    max_voxels_small; `kind`: the target's (llvm, cuda); `ahead`: max_voxels prefetches its
+    vector's lines of feats (to read) and grad_feats (to write) of the point `ahead` bucket
+    positions on (a voxel's points lie anywhere: no hardware prefetcher follows them; 0: none).
+    On the CPU also max_voxels_rows_c<C> at a voxel encoder's channels (fixed_channels):
+    max_voxels with the whole row one vector, without the prefetch."""
     scratch = scratch_scope(kind)
 
     @T.prim_func(s_tir=True)
@@ -151,7 +154,7 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
                     start[M1 - 1 - back] = start[M1 - 2 - back]
                 start[0] = 0
 
-    def voxels(lanes):
+    def voxels(lanes, ahead):
         @T.prim_func(s_tir=True)
         def max_voxels(grad_voxel_feats_h: T.handle, feats_h: T.handle, voxel_feats_h: T.handle,
                        order_h: T.handle, start_h: T.handle, grad_feats_h: T.handle):
@@ -174,6 +177,10 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
                         first[lane] = N
                     for i in range(start[vv], start[vv + 1]):
                         n = T.Bind(order[i])
+                        if ahead > 0:  # this vector's lines of the point `ahead` on (rows at random)
+                            later = T.Bind(order[T.min(i + ahead, start[M1 - 1] - 1)])
+                            prefetch_words(lambda w: feats[later, point(C, lanes, vo, w)], lanes, 0)
+                            prefetch_words(lambda w: grad_feats[later, point(C, lanes, vo, w)], lanes, 1)
                         for lane in T.vectorized(lanes):
                             c = T.meta_var(point(C, lanes, vo, lane))
                             first[lane] = T.Select(first[lane] == N and feats[n, c] == voxel_feats[vv, c], n,
@@ -203,14 +210,15 @@ def voxel_owner_computes(dtype: str, widths: tuple, kind: str) -> dict:
                 if not (0 <= v and v < voxel_num):
                     grad_feats[vn, vc] = T.cast(0, dtype)
 
-    kernels = {"max_buckets": max_buckets, "max_voxels": voxels(widths[0]), "max_voxels_small": voxels(widths[1]),
+    kernels = {"max_buckets": max_buckets, "max_voxels": voxels(widths[0], ahead),
+               "max_voxels_small": voxels(widths[1], 0),
                "max_unbucketed": max_unbucketed}
     if kind == "llvm":
         # whole rows at a voxel encoder's channels: max_voxels with its vector the row (C
         # fixed; the first-match state stays in registers), one pair of walks per voxel
         # instead of one per channel vector
         for channels in fixed_channels.VOXEL_ENCODER_CHANNELS:
-            kernels |= fixed_channels.copies("max_voxels_rows", voxels(channels), {0: (("M", "C"), dtype)},
+            kernels |= fixed_channels.copies("max_voxels_rows", voxels(channels, 0), {0: (("M", "C"), dtype)},
                                              (channels,))
     return kernels
 
