@@ -115,11 +115,23 @@ def test_a_process_that_called_without_tvm_builds_and_runs_more(tmp_path):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr
 
 
+@pytest.fixture(scope="module")
+def intact_cache(tmp_path_factory):
+    """A cache holding CHILD's library, built once for the tests that damage copies of it;
+    an undamaged copy loads without a build (so a rebuild after damage is the damage's)."""
+    cache = tmp_path_factory.mktemp("intact")
+    assert child(cache) == 1
+    copy = tmp_path_factory.mktemp("copy")
+    shutil.copytree(cache, copy, symlinks=True, dirs_exist_ok=True)
+    assert child(copy) == 0
+    return cache
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry",
                                     "a_file_in_its_place", "a_dangling_link", "no_kernels_listed", "kernels_empty",
                                     "kernels_not_a_list", "another_plan"])
-def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
-    assert child(tmp_path) == 1
+def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
+    shutil.copytree(intact_cache, tmp_path, symlinks=True, dirs_exist_ok=True)
     (entry,) = entries(tmp_path)
     library = entry / "lib.so"
     if damage == "truncate":
