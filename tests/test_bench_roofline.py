@@ -101,6 +101,15 @@ def test_dram_is_the_faster_of_the_cached_and_the_streamed_copy():
     assert dram.bandwidth(medians) == dram.moved / 1.0  # the faster copy is the roofline
 
 
+def test_dram_is_at_least_the_runs_stream():
+    # the copies timed beside a case, in a slow spell, below what the run's stream showed
+    model = targets.resolve("llvm")
+    l3 = targets.cache_bytes(3) or 1 << 30
+    dram = bench.bytes_roofline(model, 4 * l3, 1e15, repeat=1)
+    slow = {name: 1e9 for name in dram.timings}  # every copy ~0 B/s
+    assert dram.name == "DRAM" and dram.bandwidth(slow) == pytest.approx(1e15)
+
+
 def test_a_streamed_store_is_whole_cache_lines_whatever_the_vector_width():
     import numpy as np
     import tvm

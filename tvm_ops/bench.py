@@ -487,8 +487,9 @@ def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: i
     """The copy kernel at the case's size where a cache level holds its bytes (data staying
     in the cache between runs, as the case's does), else over the stream's buffers, with
     cached and (streamed_copy) streamed stores, and, for a case reading `reads` bytes, the
-    read kernel (Roofline); another target than this CPU: `stream`, measured once (its
-    rooflines are not measured per case)."""
+    read kernel (Roofline); a cache level or DRAM moves at least `stream`, the run's own
+    measure of DRAM; another target than this CPU: `stream`, measured once (its rooflines
+    are not measured per case)."""
     if not host_cpu(model):
         return Roofline("DRAM", 0.0, {}, stream)
     level = cache_level(model, io_bytes)
@@ -496,6 +497,10 @@ def bytes_roofline(model: TargetModel, io_bytes: float, stream: float, repeat: i
         moved, block = copy_timing(model, int(io_bytes))
         return Roofline(level, moved, {"roofline copy": Timed(block, "tvm", repeat)}, stream)
     dram = _dram_roofline(model, repeat)
+    # at least the run's stream: on a shared host the copies timed beside the case can all
+    # fall in slow spells the case's own blocks miss (a case read 102.5% of such a DRAM
+    # roofline, 8.1 GB/s, in a run whose stream was 24 GB/s)
+    dram.floor = stream
     if reads:
         read_moved, block = read_timing(model)
         dram.timings[READ_TIMING] = Timed(block, "tvm", repeat)
