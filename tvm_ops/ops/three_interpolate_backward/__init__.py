@@ -11,8 +11,10 @@ atomics, the same bits on every run).
   CPU: `three_interpolate_backward` (c_tile channels, whole vectors) and `_vector` (one
       vector of channels) are written in their scheduled form (compute.transposed_compute:
       grad_output staged by register transposes, which no schedule of the compute emits);
-      `_narrow` is the TensorIR compute with one channel per owner, for few channels
-      against many rows (see launch).
+      `_narrow`, for few channels against many rows (see launch), has an owner per channel:
+      float32 a (b, c) row of grad_features that it zero-fills and adds its terms straight
+      into (compute.scatter_compute with zero_rows), float16 the TensorIR owners with one
+      channel (compute.tiled_compute: a float32 tile rounded once).
   CUDA: `_scatter` (compute.scatter_compute, mmcv's plan): a thread per (b, c, n) adds its
       three terms by float32 atomicAdd into the zero-filled output (float16: into a float32
       accumulator that `_cast` rounds once), so the sums are not bit-deterministic. With the
@@ -85,6 +87,8 @@ class ThreeInterpolateBackward(Operator):
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
         kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}
         if model.kind == "llvm":  # the owners alone
+            if dtype == "float32":  # no tile to round from: the owners' rows are grad_features'
+                kernels[narrow] = scatter_compute(dtype, narrow, zero_rows=True)
             lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
             kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
             kernels[vector] = transposed_compute(dtype, lanes, 1, m_tile)

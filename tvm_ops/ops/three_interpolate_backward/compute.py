@@ -2,11 +2,12 @@
 
 An owner is a (batch, M-block, C-block) tile of grad_features that accumulates in a
 float32 on-chip tile while walking all of N, so owners never write the same element.
-`tiled_compute` is the TensorIR compute (CUDA, and the CPU's one-channel kernel);
+`tiled_compute` is the TensorIR compute (CUDA, and the CPU's narrow kernel for float16);
 `transposed_compute` the CPU kernel written in its scheduled form (why: its docstring);
 `scatter_compute` each (b, c, n, k) term added into a float32 accumulator, which the CUDA
 schedule turns into atomicAdd (ops/atomics.py; mmcv's plan), and `cast_compute` its
-rounding for float16.
+rounding for float16; with its rows zero-filled in the compute, an owner per (b, c) row, it
+is also the CPU's narrow kernel for float32.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from tvm.script import tirx as T
 from ..lane_transpose import transpose_macro
 
 
-def scatter_compute(dtype: str, name: str):
+def scatter_compute(dtype: str, name: str, zero_rows: bool = False):
     """acc[b, c, indices[b, n, k]] += grad_output[b, c, n] * weights[b, n, k] (in float32) for
     every term whose index is in [0, M), into an acc the caller zero-filled: grad_features
     itself in float32, a float32 accumulator that cast_compute rounds once for float16 (half
     adds would round at every term). The terms meet at random elements in no fixed order:
-    the CUDA schedule makes each add atomic (not bit-deterministic)."""
+    the CUDA schedule makes each add atomic (not bit-deterministic).
+
+    zero_rows: each (b, c) row is zero-filled by the compute itself (the reduction's init),
+    so that a (b, c) row is one owner's: the CPU's narrow kernel for float32, whose owners
+    add their terms in n, k order straight into grad_features."""
     @T.prim_func(s_tir=True)
     def three_interpolate_backward_scatter(go_h: T.handle, idx_h: T.handle, w_h: T.handle, acc_h: T.handle):
         T.func_attr({"global_symbol": name, "tirx.noalias": True})
@@ -35,6 +40,10 @@ def scatter_compute(dtype: str, name: str):
                 vb, vc, vn, vk = T.axis.remap("SSRR", [b, c, n, k])
                 T.reads(grad_output[vb, vc, vn], indices[vb, vn, vk], weights[vb, vn, vk], acc[vb, vc, 0:M])
                 T.writes(acc[vb, vc, 0:M])
+                if zero_rows:  # a Python bool: the init is there or not
+                    with T.init():
+                        for row in range(M):
+                            acc[vb, vc, row] = T.float32(0)
                 m = T.Bind(indices[vb, vn, vk])
                 if 0 <= m and m < M:
                     acc[vb, vc, m] = acc[vb, vc, m] + T.Cast("float32", grad_output[vb, vc, vn]) * T.Cast(

@@ -15,6 +15,12 @@ def llvm(sch, kernel, model, plan):
         (task,) = sch.get_loops(sch.get_sblock("task"))
         sch.parallel(task)
         return
+    owners = [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))]
+    if owners == ["scatter"]:  # float32's rows (compute.scatter_compute): an owner per (b, c)
+        b, c, _n, k = sch.get_loops(sch.get_sblock("scatter"))
+        sch.parallel(sch.fuse(b, c))
+        sch.unroll(k)
+        return
     owner = sch.fuse(*sch.get_loops(sch.get_sblock("tile")))
     sch.parallel(owner)
     _n, k, _lane = sch.get_loops(sch.get_sblock("scatter"))[-3:]
