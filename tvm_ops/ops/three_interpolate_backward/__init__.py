@@ -19,7 +19,7 @@ atomics, the same bits on every run).
       three terms by float32 atomicAdd into the zero-filled output (float16: into a float32
       accumulator that `_cast` rounds once), so the sums are not bit-deterministic. With the
       schedule file's knob `kernel: owner`, the TensorIR owners (compute.tiled_compute, a
-      block each; deterministic), which `three_interpolate_backward` and `_vector` hold.
+      block each; deterministic) as `three_interpolate_backward`.
 """
 
 from __future__ import annotations
@@ -85,17 +85,16 @@ class ThreeInterpolateBackward(Operator):
 
         wide, vector, narrow = OWNER_KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
-        kernels = {narrow: tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)}
-        if model.kind == "llvm":  # the owners alone
-            if dtype == "float32":  # no tile to round from: the owners' rows are grad_features'
-                kernels[narrow] = scatter_compute(dtype, narrow, zero_rows=True)
-            lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
-            kernels[wide] = transposed_compute(dtype, lanes, c_tile // lanes, m_tile)
-            kernels[vector] = transposed_compute(dtype, lanes, 1, m_tile)
-            return kernels
-        kernels[wide] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, wide)
-        kernels[vector] = tiled_compute(dtype, m_tile, c_tile, n_tile, scope, vector)
-        return kernels | {SCATTER: scatter_compute(dtype, SCATTER), CAST: cast_compute(dtype, CAST)}
+        if model.kind != "llvm":  # what CUDA's launch runs: the owners (`kernel: owner`), or the scatter
+            return {wide: tiled_compute(dtype, m_tile, c_tile, n_tile, scope, wide),
+                    SCATTER: scatter_compute(dtype, SCATTER), CAST: cast_compute(dtype, CAST)}
+        lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
+        if dtype == "float32":  # no tile to round from: the owners' rows are grad_features'
+            narrow_compute = scatter_compute(dtype, narrow, zero_rows=True)
+        else:  # a float32 tile, rounded once
+            narrow_compute = tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)
+        return {wide: transposed_compute(dtype, lanes, c_tile // lanes, m_tile),
+                vector: transposed_compute(dtype, lanes, 1, m_tile), narrow: narrow_compute}
 
     def workspaces(self, problem, plan):
         if not _scatters(problem, plan) or problem.dtype == "float32":
