@@ -82,6 +82,23 @@ def test_narrow_and_wide_kernels_agree_with_the_reference(c, dtype):
     check_against_reference(go, idx, w, 77, out, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_narrow_kernel_takes_many_rows_in_one_pass(dtype):
+    # an owner per (b, c) row, whatever M: far more rows than a tile held, M and N not whole
+    # vectors, indices past both ends
+    from tvm_ops import dispatch, targets
+    from tvm_ops.ops.three_interpolate_backward import cpu_kernel
+
+    model = targets.resolve("llvm")
+    kernels = dispatch.kernels(OP, dtype, model)
+    assert cpu_kernel({"C": 2, "N": 37, "M": 5003}, kernels.plan) == OWNER_KERNELS[2]
+    go, idx, w = inputs(3, 2, 37, 5003, dtype, low=-40, high=5043, seed=5)
+    out = np.full((3, 2, 5003), np.nan, dtype)
+    kernels[OWNER_KERNELS[2]](go, idx, w, out)
+    check_against_reference(go, idx, w, 5003, out, dtype)
+    assert np.array_equal(out, tvm_ops.three_interpolate_backward(go, idx, w, 5003))
+
+
 def test_one_kernel_serves_many_shapes():
     # a small call and a large one: the one-core build and the parallel one (the policy's choice)
     tvm_ops.three_interpolate_backward(*inputs(1, 3, 5, 2), 2)

@@ -11,10 +11,10 @@ atomics, the same bits on every run).
   CPU: `three_interpolate_backward` (c_tile channels, whole vectors) and `_vector` (one
       vector of channels) are written in their scheduled form (compute.transposed_compute:
       grad_output staged by register transposes, which no schedule of the compute emits);
-      `_narrow`, for few channels against many rows (see launch), has an owner per channel:
-      float32 a (b, c) row of grad_features that it zero-fills and adds its terms straight
-      into (compute.scatter_compute with zero_rows), float16 the TensorIR owners with one
-      channel (compute.tiled_compute: a float32 tile rounded once).
+      `_narrow`, for few channels against many rows (see launch), has an owner per (b, c)
+      row of grad_features: float32 zero-fills it and adds its terms straight into it (the
+      TensorIR compute.scatter_compute with zero_rows), float16 sums in a float32 row
+      rounded once (compute.rows_compute, in its scheduled form: vector conversions).
   CUDA: `_scatter` (compute.scatter_compute, mmcv's plan): a thread per (b, c, n) adds its
       three terms by float32 atomicAdd into the zero-filled output (float16: into a float32
       accumulator that `_cast` rounds once), so the sums are not bit-deterministic. With the
@@ -81,7 +81,7 @@ class ThreeInterpolateBackward(Operator):
         return plan
 
     def computes(self, dtype, plan, model):
-        from .compute import cast_compute, scatter_compute, tiled_compute, transposed_compute
+        from .compute import cast_compute, rows_compute, scatter_compute, tiled_compute, transposed_compute
 
         wide, vector, narrow = OWNER_KERNELS
         m_tile, c_tile, n_tile, scope = plan["m_tile"], plan["c_tile"], plan["n_tile"], plan["scope"]
@@ -89,10 +89,10 @@ class ThreeInterpolateBackward(Operator):
             return {wide: tiled_compute(dtype, m_tile, c_tile, n_tile, scope, wide),
                     SCATTER: scatter_compute(dtype, SCATTER), CAST: cast_compute(dtype, CAST)}
         lanes = n_tile  # the CPU stages one [lanes, lanes] square per vector (plan)
-        if dtype == "float32":  # no tile to round from: the owners' rows are grad_features'
+        if dtype == "float32":  # nothing to round: the owners' rows are grad_features'
             narrow_compute = scatter_compute(dtype, narrow, zero_rows=True)
-        else:  # a float32 tile, rounded once
-            narrow_compute = tiled_compute(dtype, m_tile, 1, n_tile, scope, narrow)
+        else:  # a float32 row, rounded once
+            narrow_compute = rows_compute(dtype, lanes)
         return {wide: transposed_compute(dtype, lanes, c_tile // lanes, m_tile),
                 vector: transposed_compute(dtype, lanes, 1, m_tile), narrow: narrow_compute}
 

@@ -2,12 +2,12 @@
 
 An owner is a (batch, M-block, C-block) tile of grad_features that accumulates in a
 float32 on-chip tile while walking all of N, so owners never write the same element.
-`tiled_compute` is the TensorIR compute (CUDA, and the CPU's narrow kernel for float16);
+`tiled_compute` is the TensorIR compute (CUDA's owners);
 `transposed_compute` the CPU kernel written in its scheduled form (why: its docstring);
 `scatter_compute` each (b, c, n, k) term added into a float32 accumulator, which the CUDA
 schedule turns into atomicAdd (ops/atomics.py; mmcv's plan), and `cast_compute` its
 rounding for float16; with its rows zero-filled in the compute, an owner per (b, c) row, it
-is also the CPU's narrow kernel for float32.
+is also the CPU's narrow kernel for float32 (`rows_compute` that of float16).
 """
 
 from __future__ import annotations
@@ -120,6 +120,63 @@ def tiled_compute(dtype: str, m_tile: int, c_tile: int, n_tile: int, scope: str,
                             grad_features[vb, vcb * c_tile + vci, vmb * m_tile + vmi] = T.Cast(dtype, acc[vmi, vci])
 
     return three_interpolate_backward
+
+
+def rows_compute(dtype: str, lanes: int):
+    """The CPU's narrow kernel for float16, written in its scheduled form: an owner per (b, c)
+    row of grad_features, as scatter_compute's rows for float32, summing in a float32 row that
+    is rounded once. Per block of `lanes` points, their 3 * lanes weights and `lanes` values of
+    grad_output are converted to float32 a vector at a time into stack arrays: converted one
+    at a time, each half scalar is loaded by `vpinsrw` into the register of the previous
+    term's value, and every term waited on that conversion chain. Written so because a split
+    of the symbolic N loop into whole blocks gets a predicate, which TVM's vectoriser
+    scalarises; the N tail (N % lanes points) is converted one point at a time. Each element
+    sums its (n, k) terms in n order, as the other owners do: the same bits."""
+    acc_t, V = "float32", lanes
+
+    @T.prim_func(s_tir=True)
+    def three_interpolate_backward_rows(go_h: T.handle, idx_h: T.handle, w_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, C, N, M = T.int32(), T.int32(), T.int32(), T.int32()
+        grad_output = T.match_buffer(go_h, (B, C, N), dtype)
+        indices = T.match_buffer(idx_h, (B, N, 3), "int32")
+        weights = T.match_buffer(w_h, (B, N, 3), dtype)
+        grad_features = T.match_buffer(out_h, (B, C, M), dtype)
+        weight_words = T.decl_buffer((B * N * 3,), dtype, data=weights.data)
+        for task in range(B * C):
+            with T.sblock("task"):
+                vt = T.axis.remap("S", [task])
+                T.reads(grad_output[0:B, 0:C, 0:N], indices[0:B, 0:N, 0:3], weights[0:B, 0:N, 0:3])
+                T.writes(grad_features[0:B, 0:C, 0:M])
+                acc = T.alloc_buffer((M,), acc_t)
+                block_weights = T.alloc_buffer((3 * V,), acc_t)
+                block_grads = T.alloc_buffer((V,), acc_t)
+                b = T.Bind(vt // C)
+                c = T.Bind(vt % C)
+                for m in range(M):
+                    acc[m] = T.float32(0)
+                for nb in range(N // V):
+                    for i in T.vectorized(3 * V):
+                        block_weights[i] = T.Cast(acc_t, weight_words[(b * N + nb * V) * 3 + i])
+                    for i in T.vectorized(V):
+                        block_grads[i] = T.Cast(acc_t, grad_output[b, c, nb * V + i])
+                    for i in range(V):
+                        for k in T.unroll(3):
+                            row = T.meta_var(indices[b, nb * V + i, k])
+                            if T.Cast("uint32", row) < T.Cast("uint32", M):
+                                acc[row] = acc[row] + block_grads[i] * block_weights[i * 3 + k]
+                for n in range(N // V * V, N):
+                    for k in T.unroll(3):
+                        row = T.meta_var(indices[b, n, k])
+                        if T.Cast("uint32", row) < T.Cast("uint32", M):
+                            acc[row] = acc[row] + T.Cast(acc_t, grad_output[b, c, n]) * T.Cast(acc_t, weights[b, n, k])
+                for mb in range(M // V):
+                    for j in T.vectorized(V):
+                        grad_features[b, c, mb * V + j] = T.Cast(dtype, acc[mb * V + j])
+                for m in range(M % V):
+                    grad_features[b, c, M // V * V + m] = T.Cast(dtype, acc[M // V * V + m])
+
+    return three_interpolate_backward_rows
 
 
 def transposed_compute(dtype: str, lanes: int, vectors: int, m_tile: int):

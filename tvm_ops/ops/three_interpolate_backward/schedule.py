@@ -6,25 +6,20 @@ from . import CAST, KERNELS, SCATTER
 
 
 def llvm(sch, kernel, model, plan):
-    # owners (b, c-block, m-block) -> the CPU thread pool; TVM hands each worker a
-    # contiguous chunk of ceil(owners / cores) owners. The vector kernels are written in
-    # their scheduled form (compute.transposed_compute): only their tasks go parallel here.
+    # owners -> the CPU thread pool; TVM hands each worker a contiguous chunk of
+    # ceil(owners / cores) owners. The kernels written in their scheduled form (the vector
+    # kernels, compute.transposed_compute, and float16's rows, compute.rows_compute) have a
+    # "task" block: only their tasks go parallel here.
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    if kernel != "three_interpolate_backward_narrow":
+    if [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))] == ["task"]:
         (task,) = sch.get_loops(sch.get_sblock("task"))
         sch.parallel(task)
         return
-    owners = [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))]
-    if owners == ["scatter"]:  # float32's rows (compute.scatter_compute): an owner per (b, c)
-        b, c, _n, k = sch.get_loops(sch.get_sblock("scatter"))
-        sch.parallel(sch.fuse(b, c))
-        sch.unroll(k)
-        return
-    owner = sch.fuse(*sch.get_loops(sch.get_sblock("tile")))
-    sch.parallel(owner)
-    _n, k, _lane = sch.get_loops(sch.get_sblock("scatter"))[-3:]
-    sch.unroll(k)  # the narrow kernel's lane loop is one channel
+    # float32's narrow kernel (compute.scatter_compute with zero_rows): an owner per (b, c) row
+    b, c, _n, k = sch.get_loops(sch.get_sblock("scatter"))
+    sch.parallel(sch.fuse(b, c))
+    sch.unroll(k)
 
 
 def cuda(sch, kernel, model, plan):
