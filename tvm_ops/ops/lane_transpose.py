@@ -2,11 +2,19 @@
 layout into rows of the other (three_interpolate_backward's grad_output staging and
 grad_features store, three_interpolate_forward's feature tiles and output).
 
-log2(V) rounds, each swapping one bit of (row, lane): rows i and i + h (i with bit h clear)
-become two new rows, each a two-vector lane shuffle (tirx.Shuffle; a two-source permute
-such as vpermt2ps on AVX-512). Written as TIR because no schedule primitive emits lane
-shuffles: TVM vectorises a transposed copy into per-lane gathers and scatters. Works for
-V = 4, 8 or 16 (every CPU's float32 lanes); generic LLVM IR, so every CPU target.
+Each round is a set of two-vector lane shuffles (tirx.Shuffle), log2(V) rounds in all.
+Written as TIR because no schedule primitive emits lane shuffles: TVM vectorises a
+transposed copy into per-lane gathers and scatters. Works for V = 4, 8 or 16 (every CPU's
+float32 lanes); generic LLVM IR, so every CPU target.
+
+- V = 16 (AVX-512): each round swaps one bit of (row, lane): rows i and i + h (i with bit h
+  clear) become two new rows, each one two-source permute (vpermt2ps).
+- V = 4 and 8 (SSE, AVX2, NEON): the rounds stay inside 128-bit blocks of 4 lanes as long as
+  they can, as x86's shuffles do: rows (2j, 2j + 1) interleaved (vunpcklps / vunpckhps), then
+  pairs of lanes gathered (vshufps), then, for 8 lanes, the two 128-bit halves exchanged
+  (vperm2f128): one instruction per new row, 24 for an 8 x 8 square. The bit-swapping rounds
+  took 32 on AVX2, their half-width-1 round two vshufps a row (NEON's trn1 / trn2 and zip1 /
+  zip2 take either form in one instruction).
 """
 
 from __future__ import annotations
@@ -44,6 +52,46 @@ def transpose_macro(V: int):
     LOW = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j & ~h)) for j in range(V)] for h in (8, 4, 2, 1)}
     HIGH = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j | h)) for j in range(V)] for h in (8, 4, 2, 1)}
 
+    # the in-lane rounds (V = 4 or 8): index patterns per 128-bit block of 4 lanes
+    def blocks(pattern):
+        return [tirx.IntImm("int32", b + j) for b in range(0, V, 4) for j in pattern]
+
+    UNPACK = (blocks([0, V, 1, V + 1]), blocks([2, V + 2, 3, V + 3]))  # lanes of two rows interleaved
+    PAIRS = (blocks([0, 1, V, V + 1]), blocks([2, 3, V + 2, V + 3]))  # lane pairs of two rows
+    HALVES = ([tirx.IntImm("int32", j) for j in (*range(4), *range(V, V + 4))],  # 128-bit halves
+              [tirx.IntImm("int32", j) for j in (*range(4, 8), *range(V + 4, V + 8))])
+
+    @T.macro
+    def unpack_round(src, src_at, lo, hi):
+        # rows (2j, 2j + 1) of the source interleaved: the first V / 2 rows into lo, the rest into hi
+        for j in T.unroll(V // 4):
+            first = T.meta_var([_row(src, src_at, 2 * j, V), _row(src, src_at, 2 * j + 1, V)])
+            lo[2 * j, vec] = tirx.Shuffle(first, UNPACK[0])
+            lo[2 * j + 1, vec] = tirx.Shuffle(first, UNPACK[1])
+            second = T.meta_var([_row(src, src_at, V // 2 + 2 * j, V), _row(src, src_at, V // 2 + 2 * j + 1, V)])
+            hi[2 * j, vec] = tirx.Shuffle(second, UNPACK[0])
+            hi[2 * j + 1, vec] = tirx.Shuffle(second, UNPACK[1])
+
+    @T.macro
+    def pairs_round(src, dst):
+        # V = 8, within one half: rows (i, i + 2) into lane pairs; row c of dst then holds
+        # lanes c (low block) and c + 4 (high block) of the half's four source rows
+        for i in T.unroll(2):
+            pair = T.meta_var([src[i, vec], src[i + 2, vec]])
+            dst[2 * i, vec] = tirx.Shuffle(pair, PAIRS[0])
+            dst[2 * i + 1, vec] = tirx.Shuffle(pair, PAIRS[1])
+
+    @T.macro
+    def across_round(lo, hi, dst, dst_at, pattern, step, second):
+        # the last round, across the halves: row c of lo with row c of hi into the destination
+        # rows c * step and c * step + second
+        for c in T.unroll(V // 2 if V == 8 else 2):
+            pair = T.meta_var([lo[c, vec], hi[c, vec]])
+            dst[(*dst_at[:-2], dst_at[-2] + c * step, tirx.Ramp(dst_at[-1], 1, V))] = _stored(
+                dst, tirx.Shuffle(pair, pattern[0]), V)
+            dst[(*dst_at[:-2], dst_at[-2] + c * step + second, tirx.Ramp(dst_at[-1], 1, V))] = _stored(
+                dst, tirx.Shuffle(pair, pattern[1]), V)
+
     @T.macro
     def split_round(src, src_at, lo, hi):
         # the round with half-width V / 2: rows i and i + V / 2 of the source into lo[i], hi[i]
@@ -73,22 +121,23 @@ def transpose_macro(V: int):
                 dst, tirx.Shuffle(pair, HIGH[1]), V)
 
     @T.macro
-    def transpose(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
+    def transpose_by_bits(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
         split_round(src, src_at, x_lo, x_hi)
-        if V == 16:
-            half_round(x_lo, y_lo, 4)
-            half_round(x_hi, y_hi, 4)
-            half_round(y_lo, x_lo, 2)
-            half_round(y_hi, x_hi, 2)
-            last_round(x_lo, dst, dst_at, 0)
-            last_round(x_hi, dst, dst_at, V // 2)
-        if V == 8:
-            half_round(x_lo, y_lo, 2)
-            half_round(x_hi, y_hi, 2)
-            last_round(y_lo, dst, dst_at, 0)
-            last_round(y_hi, dst, dst_at, V // 2)
-        if V == 4:
-            last_round(x_lo, dst, dst_at, 0)
-            last_round(x_hi, dst, dst_at, V // 2)
+        half_round(x_lo, y_lo, 4)
+        half_round(x_hi, y_hi, 4)
+        half_round(y_lo, x_lo, 2)
+        half_round(y_hi, x_hi, 2)
+        last_round(x_lo, dst, dst_at, 0)
+        last_round(x_hi, dst, dst_at, V // 2)
 
-    return transpose
+    @T.macro
+    def transpose_in_lanes(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
+        unpack_round(src, src_at, x_lo, x_hi)
+        if V == 8:  # y rows c: lanes c and c + 4 of rows 0-3 (y_lo) and 4-7 (y_hi)
+            pairs_round(x_lo, y_lo)
+            pairs_round(x_hi, y_hi)
+            across_round(y_lo, y_hi, dst, dst_at, HALVES, 1, 4)
+        if V == 4:  # x rows c: lanes 2c, 2c + 1 of rows 0-1 (x_lo) and 2-3 (x_hi)
+            across_round(x_lo, x_hi, dst, dst_at, PAIRS, 2, 1)
+
+    return transpose_by_bits if V == 16 else transpose_in_lanes
