@@ -58,8 +58,8 @@ def transpose_macro(V: int):
 
     UNPACK = (blocks([0, V, 1, V + 1]), blocks([2, V + 2, 3, V + 3]))  # lanes of two rows interleaved
     PAIRS = (blocks([0, 1, V, V + 1]), blocks([2, 3, V + 2, V + 3]))  # lane pairs of two rows
-    HALVES = ([tirx.IntImm("int32", j) for j in (*range(4), *range(V, V + 4))],  # 128-bit halves
-              [tirx.IntImm("int32", j) for j in (*range(4, 8), *range(V + 4, V + 8))])
+    HALVES = ([tirx.IntImm("int32", j) for j in (0, 1, 2, 3, 8, 9, 10, 11)],  # 8 lanes: 128-bit halves
+              [tirx.IntImm("int32", j) for j in (4, 5, 6, 7, 12, 13, 14, 15)])
 
     @T.macro
     def unpack_round(src, src_at, lo, hi):
