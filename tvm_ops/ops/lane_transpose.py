@@ -25,15 +25,24 @@ from tvm.script import tirx as T
 LANES = (4, 8, 16)
 
 
+def _row_index(at, i, V):
+    """The index of row i of the square at `at` (a tuple of indices: its first row and lane)."""
+    return (*at[:-2], at[-2] + i, tirx.Ramp(at[-1], 1, V))
+
+
 def _row(buf, at, i, V):
-    """Row i of the square at `at` (its first row and lane) in buf, as float32 lanes."""
-    value = buf[(*at[:-2], at[-2] + i, tirx.Ramp(at[-1], 1, V))]
+    """Row i of the square at `at` in buf, as float32 lanes."""
+    value = buf[_row_index(at, i, V)]
     return value if buf.dtype == "float32" else T.Cast(f"float32x{V}", value)
 
 
 def _stored(buf, value, V):
     """A float32 vector as buf's dtype."""
     return value if buf.dtype == "float32" else T.Cast(f"{buf.dtype}x{V}", value)
+
+
+def _lanes(indices):
+    return [tirx.IntImm("int32", j) for j in indices]
 
 
 def transpose_macro(V: int):
@@ -46,20 +55,66 @@ def transpose_macro(V: int):
     is a workspace in memory)."""
     if V not in LANES:
         raise ValueError(f"the register transpose takes 4, 8 or 16 lanes, got {V}")
+    return _by_bits(V) if V == 16 else _in_lanes(V)
+
+
+def _by_bits(V: int):
+    """The 16-lane square: four rounds, each swapping one bit of (row, lane)."""
     vec = tirx.Ramp(0, 1, V)
     # round with half-width h: lanes of rows (i, i + h) for i with bit h clear; LOW[h] gives
     # row i's new lanes, HIGH[h] row i + h's, indices into the two rows side by side
-    LOW = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j & ~h)) for j in range(V)] for h in (8, 4, 2, 1)}
-    HIGH = {h: [tirx.IntImm("int32", (V if j & h else 0) + (j | h)) for j in range(V)] for h in (8, 4, 2, 1)}
+    LOW = {h: _lanes((V if j & h else 0) + (j & ~h) for j in range(V)) for h in (8, 4, 2, 1)}
+    HIGH = {h: _lanes((V if j & h else 0) + (j | h) for j in range(V)) for h in (8, 4, 2, 1)}
 
-    # the in-lane rounds (V = 4 or 8): index patterns per 128-bit block of 4 lanes
-    def blocks(pattern):
-        return [tirx.IntImm("int32", b + j) for b in range(0, V, 4) for j in pattern]
+    @T.macro
+    def split_round(src, src_at, lo, hi):
+        # the round with half-width V / 2: rows i and i + V / 2 of the source into lo[i], hi[i]
+        for i in T.unroll(V // 2):
+            pair = T.meta_var([_row(src, src_at, i, V), _row(src, src_at, i + V // 2, V)])
+            lo[i, vec] = tirx.Shuffle(pair, LOW[V // 2])
+            hi[i, vec] = tirx.Shuffle(pair, HIGH[V // 2])
+
+    @T.macro
+    def half_round(src, dst, h):
+        # a round with half-width h < V / 2 within one half (its rows pair among themselves)
+        for i in T.unroll(V // 4):
+            low = T.meta_var(i // h * 2 * h + i % h)  # the i-th row with bit h clear
+            pair = T.meta_var([src[low, vec], src[low + h, vec]])
+            dst[low, vec] = tirx.Shuffle(pair, LOW[h])
+            dst[low + h, vec] = tirx.Shuffle(pair, HIGH[h])
+
+    @T.macro
+    def last_round(src, dst, dst_at, first):
+        # the round with half-width 1 within one half, into rows first + ... of the destination
+        for i in T.unroll(V // 4):
+            low = T.meta_var(i * 2)
+            pair = T.meta_var([src[low, vec], src[low + 1, vec]])
+            dst[_row_index(dst_at, first + low, V)] = _stored(dst, tirx.Shuffle(pair, LOW[1]), V)
+            dst[_row_index(dst_at, first + low + 1, V)] = _stored(dst, tirx.Shuffle(pair, HIGH[1]), V)
+
+    @T.macro
+    def transpose(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
+        split_round(src, src_at, x_lo, x_hi)
+        half_round(x_lo, y_lo, 4)
+        half_round(x_hi, y_hi, 4)
+        half_round(y_lo, x_lo, 2)
+        half_round(y_hi, x_hi, 2)
+        last_round(x_lo, dst, dst_at, 0)
+        last_round(x_hi, dst, dst_at, V // 2)
+
+    return transpose
+
+
+def _in_lanes(V: int):
+    """The 4- and 8-lane squares: rounds inside 128-bit blocks of 4 lanes, then across them."""
+    vec = tirx.Ramp(0, 1, V)
+
+    def blocks(pattern):  # a pattern of one 128-bit block, repeated in each
+        return _lanes(b + j for b in range(0, V, 4) for j in pattern)
 
     UNPACK = (blocks([0, V, 1, V + 1]), blocks([2, V + 2, 3, V + 3]))  # lanes of two rows interleaved
     PAIRS = (blocks([0, 1, V, V + 1]), blocks([2, 3, V + 2, V + 3]))  # lane pairs of two rows
-    HALVES = ([tirx.IntImm("int32", j) for j in (0, 1, 2, 3, 8, 9, 10, 11)],  # 8 lanes: 128-bit halves
-              [tirx.IntImm("int32", j) for j in (4, 5, 6, 7, 12, 13, 14, 15)])
+    HALVES = (_lanes((0, 1, 2, 3, 8, 9, 10, 11)), _lanes((4, 5, 6, 7, 12, 13, 14, 15)))  # 8 lanes: 128-bit halves
 
     @T.macro
     def unpack_round(src, src_at, lo, hi):
@@ -85,53 +140,13 @@ def transpose_macro(V: int):
     def across_round(lo, hi, dst, dst_at, pattern, step, second):
         # the last round, across the halves: row c of lo with row c of hi into the destination
         # rows c * step and c * step + second
-        for c in T.unroll(V // 2 if V == 8 else 2):
+        for c in T.unroll(V // 2):
             pair = T.meta_var([lo[c, vec], hi[c, vec]])
-            dst[(*dst_at[:-2], dst_at[-2] + c * step, tirx.Ramp(dst_at[-1], 1, V))] = _stored(
-                dst, tirx.Shuffle(pair, pattern[0]), V)
-            dst[(*dst_at[:-2], dst_at[-2] + c * step + second, tirx.Ramp(dst_at[-1], 1, V))] = _stored(
-                dst, tirx.Shuffle(pair, pattern[1]), V)
+            dst[_row_index(dst_at, c * step, V)] = _stored(dst, tirx.Shuffle(pair, pattern[0]), V)
+            dst[_row_index(dst_at, c * step + second, V)] = _stored(dst, tirx.Shuffle(pair, pattern[1]), V)
 
     @T.macro
-    def split_round(src, src_at, lo, hi):
-        # the round with half-width V / 2: rows i and i + V / 2 of the source into lo[i], hi[i]
-        for i in T.unroll(V // 2):
-            pair = T.meta_var([_row(src, src_at, i, V), _row(src, src_at, i + V // 2, V)])
-            lo[i, vec] = tirx.Shuffle(pair, LOW[V // 2])
-            hi[i, vec] = tirx.Shuffle(pair, HIGH[V // 2])
-
-    @T.macro
-    def half_round(src, dst, h):
-        # a round with half-width h < V / 2 within one half (its rows pair among themselves)
-        for i in T.unroll(V // 4):
-            low = T.meta_var(i // h * 2 * h + i % h)  # the i-th row with bit h clear
-            pair = T.meta_var([src[low, vec], src[low + h, vec]])
-            dst[low, vec] = tirx.Shuffle(pair, LOW[h])
-            dst[low + h, vec] = tirx.Shuffle(pair, HIGH[h])
-
-    @T.macro
-    def last_round(src, dst, dst_at, first):
-        # the round with half-width 1 within one half, into rows first + ... of the destination
-        for i in T.unroll(V // 4):
-            low = T.meta_var(i * 2)
-            pair = T.meta_var([src[low, vec], src[low + 1, vec]])
-            dst[(*dst_at[:-2], dst_at[-2] + first + low, tirx.Ramp(dst_at[-1], 1, V))] = _stored(
-                dst, tirx.Shuffle(pair, LOW[1]), V)
-            dst[(*dst_at[:-2], dst_at[-2] + first + low + 1, tirx.Ramp(dst_at[-1], 1, V))] = _stored(
-                dst, tirx.Shuffle(pair, HIGH[1]), V)
-
-    @T.macro
-    def transpose_by_bits(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
-        split_round(src, src_at, x_lo, x_hi)
-        half_round(x_lo, y_lo, 4)
-        half_round(x_hi, y_hi, 4)
-        half_round(y_lo, x_lo, 2)
-        half_round(y_hi, x_hi, 2)
-        last_round(x_lo, dst, dst_at, 0)
-        last_round(x_hi, dst, dst_at, V // 2)
-
-    @T.macro
-    def transpose_in_lanes(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
+    def transpose(src, src_at, dst, dst_at, x_lo, x_hi, y_lo, y_hi):
         unpack_round(src, src_at, x_lo, x_hi)
         if V == 8:  # y rows c: lanes c and c + 4 of rows 0-3 (y_lo) and 4-7 (y_hi)
             pairs_round(x_lo, y_lo)
@@ -140,4 +155,4 @@ def transpose_macro(V: int):
         if V == 4:  # x rows c: lanes 2c, 2c + 1 of rows 0-1 (x_lo) and 2-3 (x_hi)
             across_round(x_lo, x_hi, dst, dst_at, PAIRS, 2, 1)
 
-    return transpose_by_bits if V == 16 else transpose_in_lanes
+    return transpose
