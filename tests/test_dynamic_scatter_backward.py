@@ -69,6 +69,23 @@ def test_hand_computed_max_sum_mean():
     assert np.array_equal(out, np.array([[10 / 3, 20 / 3]] * 3 + [[0, 0], [50, 60]], np.float32))
 
 
+def test_mean_divides_by_the_count_as_a_float32():
+    # mmcv's rule: the count converted to float32 (exact up to 2^24; 2^24 + 1 rounds to 2^24),
+    # then one float32 division; above 2^24 that is not the exact quotient rounded (last line)
+    grad = np.array([[1.0, 3.0, 0.1, 7.0]], np.float32)
+    zeros = np.zeros((1, 4), np.float32)
+    for count in (2**24 - 1, 2**24 + 1, 2**31 - 1):
+        out = tvm_ops.dynamic_scatter_backward(grad, zeros, zeros, np.zeros(1, np.int32),
+                                               np.array([count], np.int32), None, "mean")
+        expected = grad / np.float32(count)  # numpy's float32 division: correctly rounded
+        assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+        assert np.array_equal(out.astype(np.float64), TESTING.reference(
+            {"grad_voxel_feats": grad, "feats": zeros, "voxel_feats": zeros, "point2voxel_map": np.zeros(1, np.int32),
+             "voxel_points_count": np.array([count], np.int32)}, {"reduce_type": "mean"})["grad_feats"])
+    exact = (grad.astype(np.float64) / (2**24 + 1)).astype(np.float32)
+    assert not np.array_equal(grad / np.float32(2**24 + 1), exact)  # the rule is not the exact quotient
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 60), extra_points=st.integers(0, 120), c=st.integers(1, 70),
        reduce_type=st.sampled_from(["max", "sum", "mean"]), ties=st.booleans(),

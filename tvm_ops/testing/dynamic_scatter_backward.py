@@ -49,8 +49,10 @@ def valid_voxels(params, M: int) -> int:
 
 
 def reference(inputs, params):
-    """float64, from docs/semantics.md. mean: the exact quotient rounded once to the output dtype
-    (the best a float32 result can be, so the spec can ask diff3 == 0 of every mode)."""
+    """float64, from docs/semantics.md. mean: the quotient of the gradient and the count as a
+    float32 (exact up to 2^24, rounded above), rounded once to the output dtype: float32's
+    own division (the float64 quotient of two float32 values rounds to the same float32),
+    so the spec can ask diff3 == 0 of every mode."""
     g = np.asarray(inputs["grad_voxel_feats"], np.float64)
     feats, voxel_feats = np.asarray(inputs["feats"]), np.asarray(inputs["voxel_feats"])
     p2v = np.asarray(inputs["point2voxel_map"]).astype(np.int64)
@@ -64,7 +66,7 @@ def reference(inputs, params):
     if reduce_type == "sum":
         out[pts] = g[vox]
     elif reduce_type == "mean":
-        count = np.asarray(inputs["voxel_points_count"], np.float64)[vox][:, None]
+        count = np.asarray(inputs["voxel_points_count"]).astype(np.float32).astype(np.float64)[vox][:, None]
         out[pts] = (g[vox] / count).astype(feats.dtype)
     else:
         # winner of (v, c): the smallest n among exact matches -> sort matches by (v, c, n)
