@@ -392,3 +392,68 @@ def test_an_out_buffer_that_requires_grad_is_refused_in_grad_mode():
     with torch.no_grad():
         tvm_ops.three_interpolate_backward(*args, out=buffer)
     np.testing.assert_array_equal(buffer.detach().numpy(), EXPECTED)
+
+
+def torch_function_arguments():
+    """{function name: (function, small valid keyword arguments)} of tvm_ops.functional."""
+    import torch
+
+    import tvm_ops.functional as tf
+
+    points = torch.zeros(1, 4, 3)
+    return {
+        "three_nn": (tf.three_nn, {"unknown": points, "known": points}),
+        "three_interpolate": (tf.three_interpolate, {"features": torch.zeros(1, 2, 4), "weight": points,
+                                                     "indices": torch.zeros(1, 4, 3, dtype=torch.int32)}),
+        "ms_deform_attn": (tf.ms_deform_attn, {"value": torch.zeros(1, 4, 1, 2),
+                                               "spatial_shapes": torch.tensor([[2, 2]]),
+                                               "level_start_index": torch.tensor([0]),
+                                               "sampling_locations": torch.zeros(1, 3, 1, 1, 2, 2),
+                                               "attention_weights": torch.zeros(1, 3, 1, 1, 2)}),
+        "border_align": (tf.border_align, {"input": torch.zeros(1, 4, 2, 2), "boxes": torch.zeros(1, 4, 4),
+                                           "pool_size": 1}),
+        "voxel_pooling": (tf.voxel_pooling, {"geom_xyz": torch.zeros(1, 4, 3, dtype=torch.int32),
+                                             "input_features": torch.zeros(1, 4, 2), "voxel_num": (2, 2, 1)}),
+        "dynamic_scatter": (tf.dynamic_scatter, {"feats": torch.zeros(4, 2),
+                                                 "coors": torch.zeros(4, 3, dtype=torch.int32)}),
+    }
+
+
+TORCH_FUNCTION_TENSORS = [("three_nn", "unknown"), ("three_nn", "known"), ("three_interpolate", "features"),
+                          ("three_interpolate", "indices"), ("three_interpolate", "weight"),
+                          ("ms_deform_attn", "value"), ("ms_deform_attn", "spatial_shapes"),
+                          ("ms_deform_attn", "level_start_index"), ("ms_deform_attn", "sampling_locations"),
+                          ("ms_deform_attn", "attention_weights"), ("border_align", "input"),
+                          ("border_align", "boxes"), ("voxel_pooling", "geom_xyz"),
+                          ("voxel_pooling", "input_features"), ("dynamic_scatter", "feats"),
+                          ("dynamic_scatter", "coors")]
+
+
+@requires_torch
+@pytest.mark.parametrize("function, argument", TORCH_FUNCTION_TENSORS)
+@pytest.mark.parametrize("kind", ["numpy", "list", "sparse", "nested"])
+def test_torch_functions_refuse_what_is_no_dense_tensor(function, argument, kind):
+    """Before they reshape or permute it (torch's own error would name no argument)."""
+    import torch
+
+    call, arguments = torch_function_arguments()[function]
+    call(**arguments)  # valid as given
+    tensor = arguments[argument]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors' prototype warning
+        arguments[argument] = {"numpy": tensor.numpy, "list": tensor.tolist, "sparse": tensor.to_sparse,
+                               "nested": lambda: torch.nested.nested_tensor([tensor[0], tensor[0]])}[kind]()
+    why = {"numpy": "must be a torch.Tensor, got ndarray", "list": "must be a torch.Tensor, got list",
+           "sparse": "is a torch.sparse_coo tensor", "nested": "is a nested tensor"}[kind]
+    with pytest.raises(tvm_ops.BadParamError, match=f"{function}: {argument} {why}"):
+        call(**arguments)
+
+
+@requires_torch
+@pytest.mark.parametrize("shape", [(4, 2, 2), (1, 1, 4, 2, 2), ()])
+def test_border_align_names_an_input_of_another_rank(shape):
+    import torch
+
+    call, arguments = torch_function_arguments()["border_align"]
+    with pytest.raises(tvm_ops.BadParamError, match=r"border_align: input must have rank 4 \[N, 4C, H, W\]"):
+        call(**dict(arguments, input=torch.zeros(shape)))

@@ -39,6 +39,7 @@ __all__ = ["BorderAlign", "DynamicScatter", "MultiScaleDeformableAttnFunction", 
            "ms_deform_attn", "three_interpolate", "three_nn", "voxel_pooling", "voxel_pooling_train"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+_STRIDED = torch.strided
 
 
 def _target(tensor: Tensor) -> str:
@@ -77,6 +78,18 @@ def _int32_twin(tensor: Tensor, name: str, function: str, negative_dropped: bool
         if low < INT32_MIN:  # still negative: dropped as before
             tensor = tensor.clamp(min=-1)
     return tensor.to(torch.int32)
+
+
+def _dense_tensors(function: str, **tensors) -> None:
+    """BadParamError unless every argument is a dense (strided) torch tensor: these functions
+    reshape and permute them before the operators' checks would see them, and a numpy array,
+    a sparse or a nested tensor must get the library's error rather than torch's."""
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, Tensor):
+            raise BadParamError(f"{function}: {name} must be a torch.Tensor, got {type(tensor).__name__} "
+                                f"(numpy arrays go to the tvm_ops.<operator> functions)")
+        if tensor.layout is not _STRIDED or tensor.is_nested:  # (the message built only then)
+            interop.require_dense(f"{function}: {name}", tensor)
 
 
 def _one_device(function: str, **tensors) -> None:
@@ -217,6 +230,8 @@ def ms_deform_attn(value: Tensor, spatial_shapes: Tensor, level_start_index: Ten
     [B, Q, H, L, P] -> [B, Q, H*C]; float32. Differentiable in value, sampling_locations
     and attention_weights (the backward is tvm_ops.ms_deform_attn_backward). Sampling rule
     and checks: tvm_ops.ms_deform_attn_forward."""
+    _dense_tensors("ms_deform_attn", value=value, spatial_shapes=spatial_shapes, level_start_index=level_start_index,
+                   sampling_locations=sampling_locations, attention_weights=attention_weights)
     _reverse_mode_only("ms_deform_attn", value, sampling_locations, attention_weights)
     out = _msda_forward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                         checks.int_param("ms_deform_attn", "im2col_step", im2col_step, 1))
@@ -307,6 +322,9 @@ def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
     backward is tvm_ops.border_align_backward of the forward's argmax). The kernels work in
     NHWC: the input is copied into it and the result is a permuted view of the kernels'
     [N, H*W, 4, C] output. Rules: tvm_ops.border_align_forward."""
+    _dense_tensors("border_align", input=input, boxes=boxes)
+    if input.dim() != 4:  # before the permute, whose own error would name no argument
+        raise BadParamError(f"border_align: input must have rank 4 [N, 4C, H, W], got shape {list(input.shape)}")
     _reverse_mode_only("border_align", input)
     output, _ = _border_forward(input.permute(0, 2, 3, 1), boxes, _pool_size(pool_size))
     return output.permute(0, 3, 1, 2)
@@ -402,6 +420,7 @@ def voxel_pooling(geom_xyz: Tensor, input_features: Tensor, voxel_num) -> Tensor
     torch.compile(fullgraph=True) and torch.export cannot trace that read: they need Python
     ints (a BadParamError says so; without fullgraph the call runs eagerly, a graph break).
     Rules and checks: tvm_ops.voxel_pooling_forward."""
+    _dense_tensors("voxel_pooling", geom_xyz=geom_xyz, input_features=input_features)
     _reverse_mode_only("voxel_pooling", input_features)
     num_x, num_y, num_z = _voxel_num(voxel_num)
     if geom_xyz.dim() < 2 or geom_xyz.shape[-1] != 3 or input_features.dim() != geom_xyz.dim() or \
@@ -479,6 +498,7 @@ def three_nn(unknown: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
     distances the lower index first. Not differentiable (the outputs never require grad).
     NaN / inf distances never rank; a slot no finite distance reaches is (inf, -1). Rules:
     tvm_ops.three_nn (which returns the squared distances)."""
+    _dense_tensors("three_nn", unknown=unknown, known=known)
     dist2, idx = _three_nn(unknown, known)
     return dist2.sqrt(), idx
 
@@ -533,6 +553,7 @@ def three_interpolate(features: Tensor, indices: Tensor, weight: Tensor) -> Tens
     weighted sum of the three indexed features; indices outside [0, M) contribute nothing.
     Differentiable in features (the backward is tvm_ops.three_interpolate_backward with
     m = M); as mmcv's, no gradient flows to weight. Rules: tvm_ops.three_interpolate_forward."""
+    _dense_tensors("three_interpolate", features=features, indices=indices, weight=weight)
     _reverse_mode_only("three_interpolate", features)
     return _three_interpolate_forward(features, indices, weight)
 
@@ -608,6 +629,7 @@ def dynamic_scatter(feats: Tensor, coors: Tensor, reduce_type: str = "max") -> t
     forward saved). M depends on the values: on CUDA reading it is the call's one host
     synchronisation; under torch.compile it is an unbacked symbolic size. Rules:
     tvm_ops.dynamic_scatter_forward."""
+    _dense_tensors("dynamic_scatter", feats=feats, coors=coors)
     _reverse_mode_only("dynamic_scatter", feats)
     voxel_feats, voxel_coors, _, _ = _scatter_forward(feats, coors, reduce_type)
     return voxel_feats, voxel_coors

@@ -102,7 +102,7 @@ def describe(name: str, value) -> TensorInfo:
                           bool(value.flags.c_contiguous), "numpy", "cpu", value.dtype.isnative,
                           bool(value.flags.writeable))
     if _is_torch(value):
-        _require_dense(name, value)
+        require_dense(name, value)
         return TensorInfo(name, value, tuple(value.shape), torch_dtype_name(value.dtype),
                           bool(value.is_contiguous()), "torch", value.device.type,
                           lazy=lazy_values(value), device_index=value.device.index)
@@ -114,7 +114,7 @@ def describe(name: str, value) -> TensorInfo:
     raise BadParamError(f"{name} must be a numpy array or a DLPack tensor, got {type(value).__name__}")
 
 
-def _require_dense(name: str, tensor) -> None:
+def require_dense(name: str, tensor) -> None:
     """BadParamError for a torch tensor whose elements are not strided memory (sparse, mkldnn,
     nested): the kernels read memory."""
     if tensor.is_nested:
