@@ -430,7 +430,9 @@ def good_record(model, **changes):
 
 
 @pytest.mark.parametrize("bad", [{"median_s": "fast"}, {"median_s": [1]}, {"median_s": float("nan")},
-                                 {"status": None}, {"correct": "yes"}], ids=str)
+                                 {"status": None}, {"correct": "yes"}, {"case": ["x"]}, {"shape_class": [SHAPE_CLASS]},
+                                 {"target": {}}, {"runner": 1},
+                                 {"knobs": {**OP.schedules["llvm"].defaults, "c_tile": [32]}}], ids=str)
 def test_a_malformed_record_is_skipped_like_a_torn_line(tmp_path, model, bad):
     path = tmp_path / "records.jsonl"
     good = good_record(model, median_s=2e-5)

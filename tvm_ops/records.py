@@ -92,9 +92,18 @@ def read(path: Path) -> list[dict]:
     return rows
 
 
+# the record's fields that are names (compared and used as keys): strings where present
+NAME_FIELDS = ("op", "dtype", "target", "shape_class", "case", "runner")
+
+
 def _well_formed(row) -> bool:
-    """Whether a parsed line has the fields a record has, of their types (what `tune` writes)."""
+    """Whether a parsed line has the fields a record has, of their types (what `tune` writes):
+    names are strings, knob values JSON scalars."""
     if not isinstance(row, dict) or not isinstance(row.get("knobs"), dict):
+        return False
+    if not all(isinstance(row.get(name, ""), str) for name in NAME_FIELDS):
+        return False
+    if not all(isinstance(value, (str, int, float, bool)) for value in row["knobs"].values()):
         return False
     median = row.get("median_s")
     timed = median is None or (isinstance(median, (int, float)) and not isinstance(median, bool)
