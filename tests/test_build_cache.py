@@ -129,7 +129,7 @@ def intact_cache(tmp_path_factory):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry",
                                     "a_file_in_its_place", "a_dangling_link", "no_kernels_listed", "kernels_empty",
-                                    "kernels_not_a_list", "another_plan"])
+                                    "kernels_not_a_list", "another_plan", "fifo_library", "fifo_manifest"])
 def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
     shutil.copytree(intact_cache, tmp_path, symlinks=True, dirs_exist_ok=True)
     (entry,) = entries(tmp_path)
@@ -153,6 +153,10 @@ def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
     elif damage == "a_dangling_link":
         shutil.rmtree(entry)
         entry.symlink_to(tmp_path / "gone")
+    elif damage.startswith("fifo_"):  # never opened: a read would wait for a writer for ever
+        fifo = library if damage == "fifo_library" else entry / "manifest.json"
+        fifo.unlink()
+        os.mkfifo(fifo)
     else:  # a manifest whose identity and sha256 hold but whose content launch reads does not
         manifest = json.loads((entry / "manifest.json").read_text())
         if damage == "no_kernels_listed":

@@ -201,7 +201,7 @@ def precise_cuda_math():
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(paths.file_bytes(path)).hexdigest()
 
 
 def _valid_entry(entry: Path, variant: Variant) -> bool:
@@ -422,4 +422,4 @@ def load(entry: Path, op) -> Kernels:
 
 
 def manifest(entry: Path) -> dict:
-    return json.loads((entry / "manifest.json").read_text())
+    return json.loads(paths.file_bytes(entry / "manifest.json"))

@@ -75,7 +75,7 @@ def load() -> dict | None:
     {feature: whether this machine has it by CPUID}} kept for this CPU, or None."""
     path = _path()
     try:
-        record = json.loads(path.read_text()) if path is not None else None
+        record = json.loads(paths.file_bytes(path)) if path is not None else None
     except (OSError, ValueError):
         return None
     if not (isinstance(record, dict) and isinstance(record.get("cpu"), str)

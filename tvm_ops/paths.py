@@ -23,6 +23,14 @@ def data_file(folder: str, op: str):
     return resources.files(f"tvm_ops.{folder}").joinpath(f"{op}.yaml")
 
 
+def file_bytes(path: Path) -> bytes:
+    """The bytes of the regular file `path`; OSError for anything else there (a fifo or a
+    device would block the read for ever: a cache or records file is never one)."""
+    if not path.is_file():
+        raise OSError(f"{path} is not a regular file")
+    return path.read_bytes()
+
+
 def cache_dir() -> Path:
     """Where built libraries go: $TVM_OPS_CACHE_DIR, else $XDG_CACHE_HOME/tvm_ops, else ~/.cache/tvm_ops."""
     return _cache_dir(os.environ.get("TVM_OPS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"),

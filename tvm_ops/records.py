@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 from . import targets
-from .paths import records_path
+from .paths import file_bytes, records_path
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,7 @@ def read(path: Path) -> list[dict]:
     if cached and cached[0] == stamp:
         return cached[1]
     try:
-        if not path.is_file():  # a fifo or a device would block the read
-            raise OSError("not a regular file")
-        lines = path.read_bytes().splitlines()
+        lines = file_bytes(path).splitlines()
     except OSError as exc:  # a folder, no permission: tuning records are optional
         log.warning("cannot read the tuning records %s (%s); using the hand-tuned defaults", path, exc)
         lines = []
