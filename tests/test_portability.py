@@ -179,3 +179,29 @@ def test_thread_settings_tvm_would_hang_on_are_refused(monkeypatch, name, value)
         targets._require_thread_settings()
     monkeypatch.setenv(name, "1")
     targets._require_thread_settings()
+
+
+OVERSUBSCRIBED_CHILD = """
+import os, numpy as np, tvm_ops
+from tvm_ops import targets
+r = np.random.default_rng(0)
+go = r.standard_normal((4, 64, 2048)).astype(np.float32)
+indices = r.integers(0, 512, (4, 2048, 3)).astype(np.int32)
+weights = r.uniform(0, 1, (4, 2048, 3)).astype(np.float32)
+tvm_ops.three_interpolate_backward(go, indices, weights, 512)  # a parallel kernel: TVM's pool starts
+print(os.environ.get(targets.SPIN_ENV))
+"""
+
+
+@pytest.mark.parametrize("spin", [None, "300000"])
+def test_more_threads_than_cores_sleep_between_kernels(spin):
+    """A spinning worker holds a core another one needs, and at exit each spins its count
+    out: 1000 threads on 2 cores never let the process end. Unless the spin is set."""
+    env = {k: v for k, v in os.environ.items() if k != targets.SPIN_ENV}
+    env["TVM_NUM_THREADS"] = "1000" if spin is None else str(targets._worker_count() + 1)
+    if spin is not None:
+        env[targets.SPIN_ENV] = spin
+    done = subprocess.run([sys.executable, "-c", OVERSUBSCRIBED_CHILD], env=env, capture_output=True, text=True,
+                          timeout=120)  # ~5 s; spinning, 1000 threads did not end in 240 s
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == ("0" if spin is None else spin)

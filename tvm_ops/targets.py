@@ -210,7 +210,12 @@ def host_cpu() -> TargetModel:
     _require_thread_settings()  # before the first kernel starts TVM's pool with them
     cores = _worker_count()
     # TVM's runtime uses one thread unless told; use every core, as taskDim = all cores.
-    os.environ.setdefault("TVM_NUM_THREADS", str(cores))
+    threads = int(os.environ.setdefault("TVM_NUM_THREADS", str(cores)))
+    if threads > cores:
+        # more workers than cores: a spinning worker holds a core another one needs, and at
+        # exit each spins its count out first (1000 threads on 2 cores: the process never
+        # ended; sleeping between kernels: it exits in seconds)
+        os.environ.setdefault(SPIN_ENV, "0")
     known = host_record.load()
     if known is not None:
         cpu = known["cpu"]
