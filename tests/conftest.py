@@ -1,5 +1,6 @@
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -11,13 +12,20 @@ def pytest_configure(config):
     # Every test session builds into its own cache, so the suite exercises the
     # build path and never depends on libraries left by an earlier run. Its xdist
     # workers, started after this ran in the main process, inherit the folder and
-    # share it: each library is built once per session, not once per worker.
+    # share it: each library is built once per session, not once per worker. The
+    # session's temporary folder is in it too (TMPDIR, for this process, the workers
+    # and every child), so the fallback folder of an unwritable cache
+    # (paths._FALLBACK) is the session's: one left by an earlier process is not searched.
     import tempfile
 
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(SESSION_CACHE):
         os.environ["TVM_OPS_CACHE_DIR"] = os.environ[SESSION_CACHE]
         return
     os.environ["TVM_OPS_CACHE_DIR"] = os.environ[SESSION_CACHE] = tempfile.mkdtemp(prefix="tvm_ops_test_cache_")
+    os.environ["TMPDIR"] = os.path.join(os.environ[SESSION_CACHE], "tmp")
+    os.mkdir(os.environ["TMPDIR"])
+    tempfile.tempdir = None  # read TMPDIR again
+    assert "tvm_ops.paths" not in sys.modules, "tvm_ops.paths fixed its fallback folder before the session's TMPDIR"
     os.environ.pop("TVM_OPS_BUILD_DIR", None)
     config._tvm_ops_cache = os.environ["TVM_OPS_CACHE_DIR"]
 
