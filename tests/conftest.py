@@ -65,6 +65,16 @@ def torch_devices() -> list:
     return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=reason))]
 
 
+def computed_kernels(op, dtype: str, plan: dict, model) -> frozenset:
+    """The names of the kernels op.computes defines for `plan`, parsed as a build parses them
+    (under its fast macro lookup: TVM's own takes several times longer on kernels that expand
+    many macros)."""
+    from tvm_ops.macro_lookup import fast_macro_lookup
+
+    with fast_macro_lookup():
+        return frozenset(op.computes(dtype, plan, model))
+
+
 def use_knobs(monkeypatch, op, knobs: dict) -> None:
     """Make `knobs` op's CPU defaults for this test: the library a call loads and the kernels
     its launch runs both follow dispatch.default_variant (tuning records are kept out)."""

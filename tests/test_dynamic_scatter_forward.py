@@ -14,7 +14,7 @@ from tvm_ops.ops import get
 from tvm_ops.ops.dynamic_scatter_forward.compute import MAX_COLUMNS
 from tvm_ops.testing import material
 
-from .conftest import requires_torch, use_knobs
+from .conftest import computed_kernels, requires_torch, use_knobs
 
 OP = get("dynamic_scatter_forward")
 TESTING = material(OP)
@@ -203,9 +203,9 @@ def test_torch_tensors_in_torch_tensors_out():
 
 @functools.lru_cache(maxsize=None)
 def _library_kernels(kind: str, knobs: tuple) -> frozenset:
-    """The names OP.computes builds for a target and knobs (parsing the computes takes ~1 s)."""
+    """The names OP.computes builds for a target and knobs (parsed once per process: ~3 s)."""
     model = targets.resolve("llvm") if kind == "llvm" else targets.cuda("sm_90")
-    return frozenset(OP.computes("float32", OP.plan(model, dict(OP.schedules[kind].defaults, **dict(knobs))), model))
+    return computed_kernels(OP, "float32", OP.plan(model, dict(OP.schedules[kind].defaults, **dict(knobs))), model)
 
 
 @pytest.mark.parametrize("kind, knobs", [("llvm", {}), ("llvm", {"sort": "bitonic"}), ("cuda", {})], ids=str)

@@ -11,7 +11,7 @@ from tvm_ops.ops import get
 from tvm_ops.ops import ms_deform_attn_backward as module
 from tvm_ops.testing import material
 
-from .conftest import requires_torch
+from .conftest import computed_kernels, requires_torch
 
 OP = get("ms_deform_attn_backward")
 TESTING = material(OP)
@@ -218,8 +218,9 @@ def test_kernels_without_prefetches_serve_calls_that_fit_in_the_last_level_cache
     assert module.cpu_kernel(decoder, plan, in_cache=True) == "backward_fixed_c_in_cache"
     assert module.cpu_kernel(decoder, plan, in_cache=False) == "backward_fixed_c"
     assert module.cpu_kernel(decoder, dict(plan, prefetch=0), in_cache=True) == "backward_fixed_c"  # none built
-    assert "backward_in_cache" not in OP.computes("float32", OP.plan(targets.resolve("llvm"), dict(plan, prefetch=0)),
-                                                  targets.resolve("llvm"))
+    assert "backward_in_cache" not in computed_kernels(OP, "float32", OP.plan(targets.resolve("llvm"),
+                                                                              dict(plan, prefetch=0)),
+                                                       targets.resolve("llvm"))
     monkeypatch.setattr(targets, "cache_bytes", lambda level: None)  # not known: the prefetches stay
     assert not module.tensors_in_cache(OP.spec, problems["net_detr_decoder_reduced"])
 

@@ -12,6 +12,8 @@ from tvm_ops.tuning import tune
 from tvm_ops.errors import BadParamError
 from tvm_ops.ops import NAMES, get
 
+from .conftest import computed_kernels
+
 OP = get("three_interpolate_backward")
 TESTING = material(OP)
 CASE = "net_16x16x64_m512"  # small: builds and measurements take well under a second
@@ -363,7 +365,7 @@ def test_every_launch_replays_over_rpc(name, kind):
             problem = dataclasses.replace(problem, kind="torch", device="cuda")
         plan = op.plan(model, op.schedules[kind].defaults)
         calls = tune.trace_launch(op, problem, plan)
-        assert {kernel for kernel, _ in calls} <= set(op.computes(dtype, plan, model))
+        assert {kernel for kernel, _ in calls} <= computed_kernels(op, dtype, plan, model)
         used = {a.name for _, args in calls for a in args if isinstance(a, tune._Ref)}
         assert set(op.zeroed(problem, plan)) <= used | set(op.workspaces(problem, plan))
         assert {t.name for t in op.spec.outputs} <= used
