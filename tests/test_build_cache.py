@@ -20,6 +20,22 @@ from .conftest import gpu_skip_reason
 
 OP = get("three_interpolate_forward")  # libraries built in under a second (this file builds dozens), with knobs and float16
 
+# CHILD's call of OP: its reference written out, in float64
+CALL = """
+def call():
+    rng = np.random.default_rng(0)
+    features = rng.uniform(-1, 1, (2, 5, 4)).astype(np.float32)
+    idx = rng.integers(0, 4, (2, 20, 3)).astype(np.int32)
+    w = rng.uniform(0, 1, (2, 20, 3)).astype(np.float32)
+    out = tvm_ops.three_interpolate_forward(features, idx, w)
+    ref = np.zeros((2, 5, 20))
+    for b in range(2):
+        for n in range(20):
+            for k in range(3):
+                ref[b, :, n] += features[b, :, idx[b, n, k]].astype(np.float64) * w[b, n, k]
+    assert np.allclose(out, ref, rtol=1e-5, atol=1e-6), "wrong result"
+"""
+
 # One call in a fresh process; prints how many libraries it had to compile and whether it
 # imported TVM's Python package.
 CHILD = """
@@ -29,18 +45,27 @@ if os.environ.get("FORBID_SCHEDULING"):  # a warm process must find its library 
     def forbidden(self):
         raise AssertionError("scheduled a kernel to find a cached library")
     build.Variant.scheduled_module = forbidden
-rng = np.random.default_rng(0)
-features = rng.uniform(-1, 1, (2, 5, 4)).astype(np.float32)
-idx = rng.integers(0, 4, (2, 20, 3)).astype(np.int32)
-w = rng.uniform(0, 1, (2, 20, 3)).astype(np.float32)
-out = tvm_ops.three_interpolate_forward(features, idx, w)
-ref = np.zeros((2, 5, 20))
-for b in range(2):
-    for n in range(20):
-        for k in range(3):
-            ref[b, :, n] += features[b, :, idx[b, n, k]].astype(np.float64) * w[b, n, k]
-assert np.allclose(out, ref, rtol=1e-5, atol=1e-6), "wrong result"
+""" + CALL + """
+call()
 print(build.build_count, "tvm" in sys.modules)
+"""
+
+# The call once with each cache folder given, each found as a fresh process finds it (no
+# library loaded; one process, as TVM's import and start-up take most of a child's time);
+# prints {folder name: libraries compiled}.
+CHILD_PER_CACHE = """
+import json, os, sys, numpy as np, tvm_ops
+from tvm_ops import build, dispatch
+""" + CALL + """
+built = {}
+for folder in sys.argv[1:]:
+    os.environ["TVM_OPS_CACHE_DIR"] = folder
+    dispatch._loaded.clear()
+    tvm_ops.clear_call_cache()
+    before = build.build_count
+    call()
+    built[os.path.basename(folder)] = build.build_count - before
+print(json.dumps(built))
 """
 
 
@@ -115,24 +140,14 @@ def test_a_process_that_called_without_tvm_builds_and_runs_more(tmp_path):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr
 
 
-@pytest.fixture(scope="module")
-def intact_cache(tmp_path_factory):
-    """A cache holding CHILD's library, built once for the tests that damage copies of it;
-    an undamaged copy loads without a build (so a rebuild after damage is the damage's)."""
-    cache = tmp_path_factory.mktemp("intact")
-    assert child(cache) == 1
-    copy = tmp_path_factory.mktemp("copy")
-    shutil.copytree(cache, copy, symlinks=True, dirs_exist_ok=True)
-    assert child(copy) == 0
-    return cache
+DAMAGES = ("truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry", "a_file_in_its_place",
+           "a_dangling_link", "no_kernels_listed", "kernels_empty", "kernels_not_a_list", "another_plan",
+           "fifo_library", "fifo_manifest")
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_manifest", "manifest_null", "another_ops_entry",
-                                    "a_file_in_its_place", "a_dangling_link", "no_kernels_listed", "kernels_empty",
-                                    "kernels_not_a_list", "another_plan", "fifo_library", "fifo_manifest"])
-def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
-    shutil.copytree(intact_cache, tmp_path, symlinks=True, dirs_exist_ok=True)
-    (entry,) = entries(tmp_path)
+def damage_entry(cache: Path, damage: str) -> None:
+    """Damage the one library entry in `cache` in the way `damage` names."""
+    (entry,) = entries(cache)
     library = entry / "lib.so"
     if damage == "truncate":
         library.write_bytes(library.read_bytes()[:1000])
@@ -144,7 +159,7 @@ def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
         (entry / "manifest.json").write_text("null")
     elif damage == "another_ops_entry":  # a whole entry of another library (its sha256 matches) under this name
         other = build.build_entry(dispatch.default_variant(get("three_nn"), "float32", targets.resolve("llvm")),
-                                  tmp_path / "other")
+                                  cache / "other")
         shutil.rmtree(entry)
         shutil.copytree(other, entry)
     elif damage == "a_file_in_its_place":
@@ -152,7 +167,7 @@ def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
         entry.write_text("not a library folder")
     elif damage == "a_dangling_link":
         shutil.rmtree(entry)
-        entry.symlink_to(tmp_path / "gone")
+        entry.symlink_to(cache / "gone")
     elif damage.startswith("fifo_"):  # never opened: a read would wait for a writer for ever
         fifo = library if damage == "fifo_library" else entry / "manifest.json"
         fifo.unlink()
@@ -168,8 +183,27 @@ def test_corrupt_cache_entry_is_rebuilt(intact_cache, tmp_path, damage):
         else:
             manifest["plan"] = {}
         (entry / "manifest.json").write_text(json.dumps(manifest))
-    assert child(tmp_path) == 1  # detected, rebuilt, and the answer is right
-    assert child(tmp_path) == 0
+
+
+def builds_per_cache(caches: list) -> dict:
+    """{cache folder name: libraries CHILD_PER_CACHE's call compiled with it}."""
+    done = subprocess.run([sys.executable, "-c", CHILD_PER_CACHE, *map(str, caches)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_corrupt_cache_entries_are_rebuilt(tmp_path):
+    built = tmp_path / "built"
+    assert child(built) == 1
+    caches = [tmp_path / name for name in ("intact",) + DAMAGES]
+    for cache in caches:
+        shutil.copytree(built, cache, symlinks=True)
+        if cache.name != "intact":
+            damage_entry(cache, cache.name)
+    # each damage detected, the library rebuilt and the answer right; the intact copy loaded as it is
+    assert builds_per_cache(caches) == {"intact": 0} | dict.fromkeys(DAMAGES, 1)
+    assert builds_per_cache(caches) == dict.fromkeys(["intact", *DAMAGES], 0)
 
 
 def test_entries_are_readable_by_every_user_of_a_shared_cache(tmp_path):
@@ -257,20 +291,21 @@ def test_the_fast_macro_lookup_parses_the_same_kernels(monkeypatch):
 
 
 def test_a_launch_only_knob_gets_its_own_library(tmp_path):
-    """dynamic_scatter_forward's split_min_points changes which kernel launch calls, not the
-    code: its libraries must still differ, or a load would find the other knob's manifest
-    (and plan). ms_deform's private_min_ratio is one too, in libraries that take longer to build."""
+    """three_interpolate_forward's plan knob changes which kernel launch calls, not the code:
+    its libraries must still differ, or a load would find the other knob's manifest (and
+    plan). dynamic_scatter_forward's split_min_points and ms_deform's private_min_ratio are
+    such knobs too, in libraries that take far longer to build."""
     import tvm
 
-    op, model = get("dynamic_scatter_forward"), targets.resolve("llvm")
-    base = dispatch.default_variant(op, "float32", model)
-    other = build.Variant(op, "float32", model, dict(base.knobs, split_min_points=1024), "test")
-    assert base.knobs["split_min_points"] != 1024
+    model = targets.resolve("llvm")
+    base = dispatch.default_variant(OP, "float32", model)
+    other = build.Variant(OP, "float32", model, dict(base.knobs, plan="gather"), "test")
+    assert base.knobs["plan"] != "gather"
     # the same code (a second parse in one process numbers repeated block names on: compared structurally)
     tvm.ir.assert_structural_equal(base.scheduled_module(), other.scheduled_module())
     entries = [build.build_entry(v, tmp_path) for v in (base, other)]
     assert entries[0] != entries[1]
-    assert [build.load(e, op).plan["split_min_points"] for e in entries] == [base.knobs["split_min_points"], 1024]
+    assert [build.load(e, OP).plan["plan"] for e in entries] == [base.knobs["plan"], "gather"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -440,12 +475,12 @@ print(build.build_entry(variant, Path(sys.argv[1])))
 
 
 def test_processes_publishing_the_same_library_at_once_all_succeed(tmp_path):
-    for round_ in range(3):
-        folder = tmp_path / str(round_)
-        runs = [subprocess.Popen([sys.executable, "-c", PUBLISH, str(folder), OP.name], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(3)]
-        results = [run.communicate(timeout=300) + (run.returncode,) for run in runs]
-        assert all(code == 0 for _, _, code in results), [err for _, err, _ in results]
-        (entry,) = {out.strip() for out, _, _ in results}
-        assert build._valid_entry(Path(entry), dispatch.default_variant(OP, "float32", targets.resolve("llvm")))
-        assert [p.name for p in folder.iterdir()] == [Path(entry).name]  # no staging folder left
+    # one round (each process compiles for seconds): the lost race itself is
+    # test_publishing_an_entry_another_process_published_keeps_the_first's
+    runs = [subprocess.Popen([sys.executable, "-c", PUBLISH, str(tmp_path), OP.name], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [run.communicate(timeout=300) + (run.returncode,) for run in runs]
+    assert all(code == 0 for _, _, code in results), [err for _, err, _ in results]
+    (entry,) = {out.strip() for out, _, _ in results}
+    assert build._valid_entry(Path(entry), dispatch.default_variant(OP, "float32", targets.resolve("llvm")))
+    assert [p.name for p in tmp_path.iterdir()] == [Path(entry).name]  # no staging folder left
