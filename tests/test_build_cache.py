@@ -484,3 +484,19 @@ def test_processes_publishing_the_same_library_at_once_all_succeed(tmp_path):
     (entry,) = {out.strip() for out, _, _ in results}
     assert build._valid_entry(Path(entry), dispatch.default_variant(OP, "float32", targets.resolve("llvm")))
     assert [p.name for p in tmp_path.iterdir()] == [Path(entry).name]  # no staging folder left
+
+
+def test_processes_missing_the_same_library_at_once_build_it_once(tmp_path):
+    env = dict(os.environ, TVM_OPS_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(3)]
+    results = [run.communicate(timeout=300) + (run.returncode,) for run in runs]
+    assert all(code == 0 for _, _, code in results), [err for _, err, _ in results]  # each answer right
+    assert sum(int(out.split()[-2]) for out, _, _ in results) == 1  # one built, the others waited and loaded it
+    assert [p.name for p in (tmp_path / build.LOCKS_FOLDER).iterdir()] == [child_variant().entry_name]
+
+
+def test_where_no_lock_can_be_had_the_library_is_still_built(tmp_path):
+    (tmp_path / build.LOCKS_FOLDER).write_text("a file where the lock folder goes")
+    assert child(tmp_path) == 1
+    assert child(tmp_path) == 0

@@ -379,8 +379,71 @@ def find_entry(variant: Variant) -> Path | None:
 
 def find_or_build(variant: Variant, out_dir: Path | None = None) -> Path:
     """The library of `variant`: found in the search directories, else built into out_dir
-    (default: the cache)."""
-    return find_entry(variant) or build_entry(variant, paths.cache_dir() if out_dir is None else out_dir)
+    (default: the cache). Processes that miss the same library at once (DDP ranks or
+    DataLoader workers on a cold cache) build it once: they take turns (_build_turn), and
+    each looks for it again on its turn."""
+    found = find_entry(variant)
+    if found is not None:
+        return found
+    out_dir = paths.writable_cache_dir() if out_dir is None else out_dir
+    entry = out_dir / variant.entry_name
+    # under the fork guard: a child forked while the turn is held would share its lock
+    with forked.tvm_import_guard(), _build_turn(out_dir, variant.entry_name):
+        if _valid_entry(entry, variant):  # published by the process whose turn came first
+            return entry
+        log.info("building %s for %s (first use; this compiles for a few seconds)", variant.entry_name,
+                 variant.model.key)
+        return build_entry(variant, out_dir)
+
+
+LOCKS_FOLDER = ".locks"  # in a cache or build folder: one empty lock file per entry ever built there
+
+
+# read-only opens a lock file another user created; a fifo there does not wait for a writer
+# (O_NONBLOCK); a link there is not followed
+_LOCK_FLAGS = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | \
+    getattr(os, "O_CLOEXEC", 0)
+
+
+@contextlib.contextmanager
+def _build_turn(out_dir: Path, entry_name: str):
+    """Hold the turn to build `entry_name` in out_dir: an exclusive flock of its lock file,
+    which the system releases when its holder exits or dies. Where no lock can be had (a
+    folder another user owns, a file system without flock, no fcntl), the builds run side
+    by side: publishing an entry is atomic either way, the lock only saves the compiles."""
+    fd = _lock_file(out_dir, entry_name)
+    try:
+        if fd is not None:
+            _wait_for_turn(fd, entry_name, out_dir)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _lock_file(out_dir: Path, entry_name: str) -> int | None:
+    """An open descriptor of entry_name's lock file in out_dir, or None where it cannot be had."""
+    try:
+        locks = out_dir / LOCKS_FOLDER
+        locks.mkdir(parents=True, exist_ok=True)
+        return os.open(locks / entry_name, _LOCK_FLAGS, 0o644)
+    except OSError:
+        return None
+
+
+def _wait_for_turn(fd: int, entry_name: str, out_dir: Path) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no turns
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process building %s in %s", entry_name, out_dir)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:  # no flock on this file system (ENOLCK): no turns
+        pass
 
 
 class Kernels(dict):

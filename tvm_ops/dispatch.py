@@ -90,10 +90,5 @@ def _library(variant: build.Variant) -> build.Kernels:
         if key not in _loaded:
             if variant.origin != "hand-tuned":
                 log.info("%s %s: using %s", variant.op.name, variant.dtype, variant.origin)
-            entry = build.find_entry(variant)
-            if entry is None:
-                log.info("building %s for %s (first use; this compiles for a few seconds)",
-                         variant.entry_name, variant.model.key)
-                entry = build.build_entry(variant, paths.writable_cache_dir())
-            _loaded[key] = build.load(entry, variant.op)
+            _loaded[key] = build.load(build.find_or_build(variant, paths.writable_cache_dir()), variant.op)
         return _loaded[key]
