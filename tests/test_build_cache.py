@@ -500,3 +500,19 @@ def test_where_no_lock_can_be_had_the_library_is_still_built(tmp_path):
     (tmp_path / build.LOCKS_FOLDER).write_text("a file where the lock folder goes")
     assert child(tmp_path) == 1
     assert child(tmp_path) == 0
+
+
+def test_a_turn_held_too_long_is_not_waited_for_for_ever(tmp_path, monkeypatch, caplog):
+    import fcntl
+
+    variant = child_variant()
+    locks = tmp_path / build.LOCKS_FOLDER
+    locks.mkdir()
+    monkeypatch.setattr(build, "BUILD_TURN_WAIT_S", 1)
+    monkeypatch.setattr(build, "find_entry", lambda variant: None)  # this test's folder only
+    with open(locks / variant.entry_name, "w") as held:  # a stopped process's turn: never released
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with caplog.at_level("INFO", logger="tvm_ops"):
+            entry = build.find_or_build(variant, tmp_path)
+    assert build._valid_entry(entry, variant)
+    assert "waiting for another process building" in caplog.text and "building it too" in caplog.text

@@ -431,17 +431,29 @@ def _lock_file(out_dir: Path, entry_name: str) -> int | None:
         return None
 
 
+BUILD_TURN_WAIT_S = 600  # then build alongside: a holder that is stopped, not dead, keeps its lock
+
+
 def _wait_for_turn(fd: int, entry_name: str, out_dir: Path) -> None:
     try:
         import fcntl
     except ImportError:  # not a POSIX system: no turns
         return
+    deadline, waiting = time.monotonic() + BUILD_TURN_WAIT_S, False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another process building %s in %s", entry_name, out_dir)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("another process has been building %s in %s for over %d s; building it too",
+                                entry_name, out_dir, BUILD_TURN_WAIT_S)
+                    return
+                if not waiting:
+                    log.info("waiting for another process building %s in %s", entry_name, out_dir)
+                    waiting = True
+                time.sleep(0.2)
     except OSError:  # no flock on this file system (ENOLCK): no turns
         pass
 
