@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from . import build, forked, paths, policy, records, targets
+from . import build, forked, policy, records, targets
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -90,5 +90,5 @@ def _library(variant: build.Variant) -> build.Kernels:
         if key not in _loaded:
             if variant.origin != "hand-tuned":
                 log.info("%s %s: using %s", variant.op.name, variant.dtype, variant.origin)
-            _loaded[key] = build.load(build.find_or_build(variant, paths.writable_cache_dir()), variant.op)
+            _loaded[key] = build.load(build.find_or_build(variant), variant.op)
         return _loaded[key]
