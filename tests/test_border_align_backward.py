@@ -298,7 +298,7 @@ def same_bits_in_every_cpu_variant(go, bx, am, pool, h, w, dtype):
     n, c = go.shape[0], go.shape[3]
     results = []
     for knobs, kernels in cpu_variant_kernels(dtype):
-        lanes = knobs["owner_lanes"]
+        lanes = kernels.plan["owner_lanes"]
         for _ in range(2):
             out = np.full((n, h, w, 4 * c), np.nan, dtype)
             if c >= lanes:  # as launch does

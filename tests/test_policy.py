@@ -183,8 +183,10 @@ def test_channel_steps_are_whole_vectors():
 def test_border_align_owners_are_whole_channel_groups():
     for model, knobs, plan in _plans("border_align_backward"):
         assert plan["owner_lanes"] % plan["channel_group"] == 0
-        if model.kind == "llvm":
-            assert plan["owner_lanes"] == knobs["owner_lanes"]
+        if model.kind == "llvm":  # capped where the argmax and gradient would outgrow the registers
+            registers = 2 * plan["owner_lanes"] // model.lanes("float32")
+            assert plan["owner_lanes"] == knobs["owner_lanes"] or registers == model.vector_registers
+            assert registers <= model.vector_registers or plan["owner_lanes"] == plan["channel_group"]
             wide = model.lanes("float32") >= plan["channel_group"]
             assert plan["corner_adds"] == (knobs["corner_adds"] if wide or knobs["corner_adds"] != "per_position"
                                            else "per_sample")

@@ -10,7 +10,8 @@ specs/border_align_backward.yaml.
 
 Work is N*K*4*C samples: each (n, k, s, c) adds the 4 bilinear corners of the one sample
 its argmax names. Kernels (one set per dtype and target, every dimension symbolic; V is the
-llvm knob owner_lanes, 16 on CUDA; launch reads V from the library's plan):
+llvm knob owner_lanes, at most register_lanes (64 on AVX2), 16 on CUDA; launch reads V from
+the library's plan):
   scatter       channels [0, C // V * V)
   scatter_tail  the C % V tail channels (launched only when C % V != 0)
   cast          float32 accumulator -> grad_input (CUDA float16 only; see below)
@@ -81,6 +82,16 @@ TO_CHANNELS_FIRST = "border_align_backward_to_channels_first"
 CHANNEL_GROUP = 16
 
 
+def register_lanes(model) -> int:
+    """The most channels an llvm owner takes (V, in whole channel groups). An owner holds its
+    lanes' argmax and gradient through every sample of a box: 2 * V / lanes vector registers,
+    capped at the register file. 256 with AVX-512's 32 registers of 16 lanes (the default 128
+    stands); 64 with AVX2's 16 of 8, where 128 lanes read both back from the stack for every
+    sample: 10-20% slower (docs/kernels/border_align_backward.md)."""
+    lanes = model.lanes("float32") * model.vector_registers // 2
+    return max(CHANNEL_GROUP, lanes // CHANNEL_GROUP * CHANNEL_GROUP)
+
+
 class BorderAlignBackward(Operator):
     name = "border_align_backward"
     kernel_names = (SCATTER, TAIL, CAST, TO_CHANNELS_FIRST)
@@ -119,8 +130,11 @@ class BorderAlignBackward(Operator):
         plan = {"channel_group": CHANNEL_GROUP, **knobs}
         if model.kind == "cuda":
             plan["owner_lanes"] = CHANNEL_GROUP  # the CUDA kernels split C at 16 (main | tail)
-        elif plan.get("corner_adds") == "per_position" and not cpu_ir.has_lane_lookup(model.features()):
-            plan["corner_adds"] = "per_sample"  # its lookup is AVX-512's 16-lane vpermps
+        else:
+            if plan.get("corner_adds") == "per_position" and not cpu_ir.has_lane_lookup(model.features()):
+                plan["corner_adds"] = "per_sample"  # its lookup is AVX-512's 16-lane vpermps
+            # and no more lanes than keep their argmax and gradient in registers
+            plan["owner_lanes"] = min(int(plan["owner_lanes"]), register_lanes(model))
         return plan
 
     def computes(self, dtype, plan, model):
