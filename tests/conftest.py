@@ -66,13 +66,10 @@ def torch_devices() -> list:
 
 
 def computed_kernels(op, dtype: str, plan: dict, model) -> frozenset:
-    """The names of the kernels op.computes defines for `plan`, parsed as a build parses them
-    (under its fast macro lookup: TVM's own takes several times longer on kernels that expand
-    many macros)."""
-    from tvm_ops.macro_lookup import fast_macro_lookup
+    """The names of the kernels op.computes defines for `plan`, parsed as a build parses them."""
+    from tvm_ops import build
 
-    with fast_macro_lookup():
-        return frozenset(op.computes(dtype, plan, model))
+    return frozenset(build.parsed_computes(op, dtype, plan, model))
 
 
 def use_knobs(monkeypatch, op, knobs: dict) -> None:

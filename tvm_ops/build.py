@@ -63,6 +63,13 @@ class _computed_once:
         return value
 
 
+
+def parsed_computes(op, dtype: str, plan: dict, model) -> dict:
+    """op.computes(dtype, plan, model), parsed under the fast macro lookup (TVM's own takes
+    several times longer on kernels that expand many macros; the same kernels either way)."""
+    with fast_macro_lookup():
+        return op.computes(dtype, plan, model)
+
 @dataclass(frozen=True)
 class Variant:
     """Everything that decides a library's content."""
@@ -83,8 +90,7 @@ class Variant:
         import tvm
 
         funcs = {}
-        with fast_macro_lookup():
-            computes = self.op.computes(self.dtype, self.plan, self.model)
+        computes = parsed_computes(self.op, self.dtype, self.plan, self.model)
         undeclared = set(computes) - set(self.op.kernel_names)
         if undeclared:  # launch and the RPC tracer look kernels up by the declared names
             raise ValueError(f"{self.op.name}: computes {sorted(undeclared)} are not in its kernel_names")

@@ -61,7 +61,6 @@ import numpy as np
 
 from .. import build, dispatch, host_buffers, paths
 from ..errors import BadParamError, NotSupportedError
-from ..macro_lookup import fast_macro_lookup
 from ..targets import TargetModel
 from . import tune
 
@@ -223,8 +222,7 @@ def specialise(func, args: list):
 def _plain_compute(op, dtype: str, model: TargetModel, kernel: str):
     """The kernel's compute (no schedule recipe) at the hand-tuned plan."""
     plan = op.plan(model, dict(op.schedules[model.kind].defaults))
-    with fast_macro_lookup():
-        return op.computes(dtype, plan, model)[kernel]
+    return build.parsed_computes(op, dtype, plan, model)[kernel]
 
 
 # --- the tuning, in a child process ----------------------------------------------------------
