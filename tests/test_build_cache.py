@@ -1,12 +1,14 @@
 """Build, cache and load: fresh processes reuse libraries, corrupt ones are rebuilt, CUDA compiles."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -243,6 +245,14 @@ def test_build_dir_is_searched_before_the_cache(tmp_path):
     entry = build.build_entry(child_variant(), tmp_path / "out")
     assert entry.parent == tmp_path / "out"
     assert child(tmp_path / "empty_cache", {"TVM_OPS_BUILD_DIR": str(tmp_path / "out")}) == 0
+
+
+def test_a_failed_build_in_a_worker_process_is_raised_here(tmp_path):
+    model = targets.resolve("llvm")
+    good = dispatch.default_variant(get("three_nn"), "float32", model)
+    bad = dataclasses.replace(good, op=types.SimpleNamespace(name="no_such_op"))  # the worker cannot find it
+    with pytest.raises(tvm_ops.BadParamError, match="no_such_op"):
+        list(build.build_many([bad, good], tmp_path, jobs=2))
 
 
 def test_a_knob_a_dtype_or_a_target_changes_the_key():

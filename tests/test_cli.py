@@ -39,8 +39,13 @@ def test_list_shows_ops_dtypes_targets_and_cases():
     assert "net_16x128x4096_m1024" in done.stdout and "hand-tuned knobs" in done.stdout
 
 
-def test_build_writes_library_source_and_manifest(tmp_path):
-    done = cli("build", "--op", "three_interpolate_backward", "--dtype", "float32", "--out", str(tmp_path))
+@pytest.mark.parametrize("jobs", ["1", "2"])  # in this process; in two spawned worker processes
+def test_build_writes_library_source_and_manifest(tmp_path, jobs):
+    from tvm_ops import build, dispatch, targets
+    from tvm_ops.ops import get
+
+    done = cli("build", "--op", "three_interpolate_backward", "--dtype", "float32", "--out", str(tmp_path),
+               "--jobs", jobs)
     assert done.returncode == 0, done.stderr
     manifests = {}
     for entry in tmp_path.iterdir():  # the library and its one-core build
@@ -48,7 +53,12 @@ def test_build_writes_library_source_and_manifest(tmp_path):
         manifests[manifest["one_core"]] = manifest
         assert manifest["target"].startswith("llvm-") and (entry / "lib.so").stat().st_size > 0
         assert (entry / "kernels.s").read_text().count("vfmadd") > 0  # vectorised FMA for the host mcpu
+        assert str(entry) in done.stdout  # a line per library, as it finishes
     assert sorted(manifests) == [False, True]
+    # what a worker built is the library this process would have: its key, plan and knobs, intact
+    for variant in dispatch.variants(get("three_interpolate_backward"), "float32", targets.resolve("llvm")):
+        assert build._valid_entry(tmp_path / variant.entry_name, variant)
+        assert manifests[variant.one_core]["plan"] == json.loads(json.dumps(variant.plan, default=str))
 
 
 def test_test_command_reports_metrics_and_verdicts():

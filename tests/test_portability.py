@@ -198,7 +198,7 @@ def test_more_threads_than_cores_sleep_between_kernels(spin):
     """A spinning worker holds a core another one needs, and at exit each spins its count
     out: 1000 threads on 2 cores never let the process end. Unless the spin is set."""
     env = {k: v for k, v in os.environ.items() if k != targets.SPIN_ENV}
-    env["TVM_NUM_THREADS"] = "1000" if spin is None else str(targets._worker_count() + 1)
+    env["TVM_NUM_THREADS"] = "1000" if spin is None else str(targets.available_cores() + 1)
     if spin is not None:
         env[targets.SPIN_ENV] = spin
     done = subprocess.run([sys.executable, "-c", OVERSUBSCRIBED_CHILD], env=env, capture_output=True, text=True,

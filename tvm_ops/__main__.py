@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from .spec import DTYPES
@@ -119,14 +118,14 @@ def cmd_build(args) -> int:
 
         raise BadParamError(f"{args.op} has no {args.dtype} kernels "
                             f"(its dtypes: {', '.join(ops[0].spec.float_dtypes)})")
-    with tqdm(todo, unit="library", desc="build", disable=None) as bar:  # no bar when not a terminal
-        for variant in bar:
-            bar.set_postfix_str(f"{variant.op.name} {variant.dtype}")
-            start = time.perf_counter()
-            entry = build.build_entry(variant, out)
+    jobs = min(args.jobs or targets.available_cores(), len(todo))
+    # no bar when not a terminal
+    with tqdm(total=len(todo), unit="library", desc=f"build ({jobs} at once)", disable=None) as bar:
+        for variant, entry, seconds in build.build_many(todo, out, jobs):
             bar.write(f"{variant.op.name:28s} {variant.dtype:8s} {model.key:18s} {variant.key}  "
-                      f"{time.perf_counter() - start:5.1f} s  {variant.origin:12s} "
+                      f"{seconds:5.1f} s  {variant.origin:12s} "
                       f"{'one-core' if variant.one_core else 'parallel':8s} {entry}")
+            bar.update()
     if args.out:
         print(f"# calls load from here with TVM_OPS_BUILD_DIR={out}")
     return 0
@@ -415,6 +414,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--op", default="all", help="operator name or 'all' (default)")
     b.add_argument("--dtype", default="all", choices=ANY_DTYPE, help="float32, float16 or 'all' (default)")
     b.add_argument("--out", help="output directory (default: the on-disk cache that calls load from)")
+    b.add_argument("--jobs", type=_count, help="libraries compiled at once, each by a process of its own "
+                   "(default: the cores this process may use)")
     b.set_defaults(func=cmd_build)
 
     t = command("test", "run spec cases against the float64 reference",

@@ -197,7 +197,8 @@ def _require_thread_settings() -> None:
             raise BadParamError(f"{name} must be an integer from {least} to {most}, got {raw!r}")
 
 
-def _worker_count() -> int:
+def available_cores() -> int:
+    """The cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -208,7 +209,7 @@ def host_cpu() -> TargetModel:
     """The host CPU with its real -mcpu (a bare "llvm" target would be SSE only), as TVM's
     LLVM names it: asked once per CPU, then read from the cache directory (host_record.py)."""
     _require_thread_settings()  # before the first kernel starts TVM's pool with them
-    cores = _worker_count()
+    cores = available_cores()
     # TVM's runtime uses one thread unless told; use every core, as taskDim = all cores.
     threads = int(os.environ.setdefault("TVM_NUM_THREADS", str(cores)))
     if threads > cores:

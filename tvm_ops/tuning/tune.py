@@ -92,10 +92,7 @@ def append_record(path: Path, record: dict) -> None:
 def _build_one(op_name: str, dtype: str, model: TargetModel, knobs: dict, origin: str, one_core: bool,
                out_dir: str) -> str:
     """Build (or find in the cache) one candidate's library; runs in a worker process."""
-    from ..ops import get
-
-    variant = build.Variant(get(op_name), dtype, model, knobs, origin, one_core)
-    return str(build.find_or_build(variant, Path(out_dir)))
+    return build.build_by_name(op_name, dtype, model, knobs, origin, one_core, out_dir, rebuild=False)[0]
 
 
 @dataclass
