@@ -118,6 +118,7 @@ def test_a_failure_exits_non_zero_with_one_line(args):
 @pytest.mark.parametrize("args", [("bench", "--repeat", "0"), ("bench", "--repeat", "-1"),
                                   ("bench", "--overhead", "--calls", "0"), ("bench", "--overhead", "--blocks", "0"),
                                   ("build", "--dtype", "nope"), ("build", "--dtype", "float64"),
+                                  ("build", "--op", "three_nn", "--jobs", "0"),
                                   ("test", "--dtype", "float64"), ("tune", "--op", "three_nn", "--dtype", "all"),
                                   ("tune", "--op", "three_nn", "--trials", "0"),
                                   ("tune", "--op", "three_nn", "--timeout", "nan"),
