@@ -257,6 +257,42 @@ def test_a_failed_build_in_a_worker_process_is_raised_here(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+# a parent of two spawned workers, one busy and one waiting for work
+ORPHANING_PARENT = """
+import multiprocessing, os, time
+from tvm_ops.worker_pool import spawned_pool
+pool = spawned_pool(2)
+busy = pool.submit(time.sleep, 600)
+pool.submit(os.getpid).result()  # a second worker (the first is busy), then idle
+assert len(multiprocessing.active_children()) == 2
+print(*[worker.pid for worker in multiprocessing.active_children()], flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie is done; where nobody reaps orphans it stays listed
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_spawned_workers_exit_when_their_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANING_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(_running(pid) for pid in workers)
+    finally:
+        parent.kill()  # no chance to shut its pool down
+        parent.wait()
+    deadline = time.monotonic() + 60
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in workers)
+
+
 def test_a_knob_a_dtype_or_a_target_changes_the_key():
     model = targets.resolve("llvm")
     base = dispatch.default_variant(OP, "float32", model)

@@ -257,9 +257,10 @@ def build_many(variants: list, out_dir: Path, jobs: int):
             yield variant, build_entry(variant, out_dir), time.perf_counter() - start
         return
     import concurrent.futures as cf
-    import multiprocessing
 
-    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    from .worker_pool import spawned_pool
+
+    pool = spawned_pool(jobs)
     try:
         futures = {pool.submit(build_by_name, v.op.name, v.dtype, v.model, v.knobs, v.origin, v.one_core,
                                str(out_dir), True): v for v in variants}

@@ -47,7 +47,6 @@ import functools
 import inspect
 import json
 import logging
-import multiprocessing
 import pickle
 import re
 import shutil
@@ -62,6 +61,7 @@ import numpy as np
 from .. import build, dispatch, host_buffers, paths
 from ..errors import BadParamError, NotSupportedError
 from ..targets import TargetModel
+from ..worker_pool import spawned_pool
 from . import tune
 
 log = logging.getLogger(__name__)
@@ -536,7 +536,7 @@ def compare(op, case, dtype: str = "float32", model: TargetModel | None = None, 
     start = time.perf_counter()
     if jobs:
         try:
-            with cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with spawned_pool(1) as pool:
                 tuned.update(pool.submit(_tune_all, op.name, dtype, jobs, trials, seed, timeout,
                                          str(root / "current_args.txt")).result())
         except cf.process.BrokenProcessPool:  # an in-process build crashed the child

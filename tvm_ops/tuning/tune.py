@@ -43,7 +43,6 @@ import hashlib
 import itertools
 import json
 import logging
-import multiprocessing
 import socket
 import statistics
 import time
@@ -57,6 +56,7 @@ from ..errors import BadParamError, ExecutionFailedError, NotSupportedError
 from ..invocation import CallPlan, new_tensors, output_specs
 from ..targets import TargetModel
 from ..testing import material
+from ..worker_pool import spawned_pool
 
 log = logging.getLogger(__name__)
 
@@ -480,7 +480,7 @@ def tune(op, dtype: str, model: TargetModel, case, trials: int = 16, records_pat
     one_core = dispatch.runs_on_one_core(op, prepared.problem, model)  # as the call path builds them
     pool = None
     if workers > 1 and len(todo) > 1:
-        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = spawned_pool(workers)
     try:
         for start in range(0, len(todo), max(batch, workers)):
             chunk = todo[start:start + max(batch, workers)]
