@@ -378,16 +378,43 @@ def write_record(path, model, knobs):
                                 "median_s": 1e-6, "runner": "local"}) + "\n")
 
 
-def test_a_record_whose_knobs_the_plan_refuses_is_ignored(tmp_path, model, monkeypatch, caplog):
-    """Calls, `build` and `list` alike keep the hand-tuned default (build used to stop on it)."""
+@pytest.mark.parametrize("c_tile", [-3, 48, 32.0, True])
+def test_a_record_with_a_knob_outside_the_candidates_is_ignored(tmp_path, model, monkeypatch, caplog, c_tile):
+    """Only the values `tune` searches (the schedule file's candidates, of the same type) are
+    taken from a record: calls, `build` and `list` alike keep the hand-tuned default."""
     path = tmp_path / "records.jsonl"
-    write_record(path, model, dict(OP.schedules["llvm"].defaults, c_tile=-3))  # plan() refuses it
+    write_record(path, model, dict(OP.schedules["llvm"].defaults, c_tile=c_tile))
     monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
     OP.clear_call_cache()
     with caplog.at_level("WARNING", logger="tvm_ops.records"):
         assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
         assert all(v.origin == "hand-tuned" for v in dispatch.variants(OP, "float32", model))
-    assert "ignoring the tuning record" in caplog.text and "c_tile" in caplog.text
+    assert "ignoring the tuning record" in caplog.text and "not among the schedule file's candidates" in caplog.text
+    assert f"'c_tile': {c_tile!r}" in caplog.text
+    candidate = tmp_path / "candidate.jsonl"  # a candidate is taken
+    write_record(candidate, model, dict(OP.schedules["llvm"].defaults, c_tile=16))
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(candidate))
+    assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).knobs["c_tile"] == 16
+
+
+def test_a_record_whose_knobs_the_plan_refuses_is_ignored(tmp_path, model, monkeypatch, caplog):
+    """Calls, `build` and `list` alike keep the hand-tuned default (build used to stop on it)."""
+    path = tmp_path / "records.jsonl"
+    write_record(path, model, dict(OP.schedules["llvm"].defaults, c_tile=16))
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
+    plan = OP.plan
+
+    def refusing_c_tile_16(target_model, knobs):  # a candidate this target cannot take
+        if knobs["c_tile"] == 16:
+            raise ValueError("c_tile=16 does not fit this target")
+        return plan(target_model, knobs)
+
+    monkeypatch.setattr(OP, "plan", refusing_c_tile_16)
+    OP.clear_call_cache()
+    with caplog.at_level("WARNING", logger="tvm_ops.records"):
+        assert dispatch.default_variant(OP, "float32", model, SHAPE_CLASS).origin == "hand-tuned"
+        assert all(v.origin == "hand-tuned" for v in dispatch.variants(OP, "float32", model))
+    assert "ignoring the tuning record" in caplog.text and "c_tile=16 does not fit this target" in caplog.text
 
 
 def test_a_record_whose_library_does_not_build_falls_back_to_the_hand_tuned_default(
@@ -468,8 +495,8 @@ def test_a_record_naming_no_candidate_of_a_choice_knob_is_not_used(tmp_path, mod
                                          ("tile", 2048), ("small_sort_keys", -1), ("prefetch_points", 4.0),
                                          ("split_min_points", True)])
 def test_dynamic_scatter_forward_refuses_numbers_its_buffers_are_not_sized_for(model, knob, value):
-    """A record may hold any number: a 16-bit digit overran the 14-bit histograms (heap
-    corruption, measured), so the plan refuses such knobs and the call keeps the defaults."""
+    """A Variant may be given any number: a 16-bit digit overran the 14-bit histograms (heap
+    corruption, measured), so the plan refuses such knobs."""
     op = get("dynamic_scatter_forward")
     with pytest.raises(ValueError, match=f"{knob} must be"):
         op.plan(model, dict(op.schedules["llvm"].defaults, **{knob: value}))

@@ -2,13 +2,15 @@
 agreement with voxel_pooling_forward, checks and interop."""
 
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tvm_ops
-from tvm_ops import build, dispatch, runner, targets
+from tvm_ops import build, checks, dispatch, records, runner, targets
 from tvm_ops.ops.voxel_pooling_backward import OP
 from tvm_ops.testing import voxel_pooling_backward as TESTING
 from tvm_ops.testing.voxel_pooling_forward import pos_memo_rule
@@ -124,6 +126,32 @@ def test_the_cpu_library_streams_on_x86():
     entry = build.find_entry(dispatch.default_variant(OP, "float32", model))
     asm = (entry / "kernels.s").read_text()
     assert "movntps" in asm and "sfence" in asm  # (v)movntps: SSE or AVX encodings
+
+
+@pytest.mark.parametrize("knob, value", [("task_points", 0), ("task_points", -1), ("task_points", 2.5),
+                                         ("task_points", True), ("prefetch_points", -1), ("stream", "false"),
+                                         ("stream_min_mib", -1)])
+def test_the_plan_refuses_knobs_its_loops_are_not_made_for(knob, value):
+    """A task of -1 points once left points out of the sum (through a tuning record that held it)."""
+    with pytest.raises(ValueError, match=f"{knob} must be"):
+        OP.plan(targets.host_cpu(), dict(OP.schedules["llvm"].defaults, **{knob: value}))
+
+
+def test_a_record_with_a_task_of_minus_one_points_leaves_the_call_on_the_default(tmp_path, monkeypatch):
+    grad, memo = inputs(2, 3000, 80, 16, 16)
+    problem = checks.check(OP.spec, {"grad_output": grad, "pos_memo": memo}, {}, {}, OP.rules)
+    model = targets.host_cpu()
+    record = {"op": OP.name, "dtype": "float32", "target": model.key, "case": "by hand",
+              "shape_class": records.problem_class(OP.spec, problem), "status": "ok", "correct": True,
+              "median_s": 1e-6, "runner": "local", "knobs": dict(OP.schedules["llvm"].defaults, task_points=-1)}
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    monkeypatch.setenv("TVM_OPS_RECORDS", str(path))
+    OP.clear_call_cache()
+    try:
+        check(grad, memo, tvm_ops.voxel_pooling_backward(grad, memo))
+    finally:
+        OP.clear_call_cache()
 
 
 # --- pos_memo of any int32 value ----------------------------------------------------------

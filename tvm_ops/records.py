@@ -116,7 +116,7 @@ def usable(op, dtype: str, model: targets.TargetModel, path: Path | None = None)
             if r.get("op") == op.name and r.get("dtype") == dtype and r.get("target") == model.key
             and r.get("status") == "ok" and r.get("correct") and r.get("median_s")
             and r.get("runner", "local") == "local"  # measured on this machine, not an RPC board
-            and set(r["knobs"]) == set(defaults) and _known_values(r["knobs"], op.schedules[model.kind].candidates)
+            and set(r["knobs"]) == set(defaults) and _candidates_only(op, r, op.schedules[model.kind].candidates)
             and _planned(op, model, r)]
 
 
@@ -133,15 +133,19 @@ def _planned(op, model: targets.TargetModel, row: dict) -> bool:
     return True
 
 
-def _known_values(knobs: dict, candidates: dict) -> bool:
-    """Whether every knob that names a choice (a string such as a plan, a kernel or "auto";
-    any value of a knob whose candidates are all strings or all bools) is one of the schedule
-    file's candidates. Numbers may lie outside them: the plan checks those."""
-    def choice(values):
-        return all(isinstance(v, str) for v in values) or all(isinstance(v, bool) for v in values)
-
-    return all(value in candidates[name] for name, value in knobs.items()
-               if isinstance(value, str) or choice(candidates[name]))
+def _candidates_only(op, row: dict, candidates: dict) -> bool:
+    """Whether every knob of the record is one of the schedule file's candidates for it, of
+    the same type (True is not 1, 1 is not 1.0): the values `tune` searches, and so the only
+    ones it writes. Any other record was written by hand or against another schedule file,
+    and is skipped (calls, `build` and `list` alike), with a warning. A number outside the
+    candidates once reached the kernels: voxel_pooling_backward with task_points = -1 left
+    points out of its sum."""
+    odd = {name: value for name, value in row["knobs"].items()
+           if not any(type(value) is type(c) and value == c for c in candidates[name])}
+    if odd:
+        log.warning("%s: ignoring the tuning record of case %s: its knobs %s are not among the schedule file's "
+                    "candidates", op.name, row.get("case"), odd)
+    return not odd
 
 
 def best(op, dtype: str, model: targets.TargetModel, shape_class: str, path: Path | None = None) -> dict | None:

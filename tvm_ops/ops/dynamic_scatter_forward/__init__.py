@@ -23,6 +23,7 @@ from ... import policy
 from ...checks import INT32_MAX
 from ...errors import BadParamError
 from .. import fixed_channels
+from ..knobs import whole
 from ..base import Operator
 from ..fixed_channels import VOXEL_ENCODER_CHANNELS
 from ..point_vectors import plan_vector
@@ -71,14 +72,6 @@ def _reduces_whole_rows(problem) -> bool:
 MAX_TILE = 1024  # the bitonic plan's tile: a CUDA block's threads
 
 
-def _whole(knobs: dict, name: str, least: int, most: int) -> int:
-    """Knob `name` as an int in [least, most]; ValueError for any other value (a bool too)."""
-    value = knobs[name]
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise ValueError(f"{name} must be an integer from {least} to {most}, got {value!r}")
-    return value
-
-
 class DynamicScatterForward(Operator):
     name = "dynamic_scatter_forward"
     kernel_names = KERNELS
@@ -90,8 +83,8 @@ class DynamicScatterForward(Operator):
         (whole SIMD registers) and names the grouping plan."""
         if knobs["sort"] not in SORTS:  # launch and zeroed branch on it
             raise ValueError(f"sort must be one of {', '.join(SORTS)}, got {knobs['sort']!r}")
-        # a tuning record may hold any number: the kernels' buffers are sized for these ranges
-        tile = _whole(knobs, "tile", 2, MAX_TILE)
+        # the kernels' buffers are sized for these ranges (a Variant may be given any number)
+        tile = whole(knobs, "tile", 2, MAX_TILE)
         if tile & (tile - 1):  # the bitonic network's steps within a tile
             raise ValueError(f"tile must be a power of two, got {tile}")
         plan = {"sort": knobs["sort"], "chunk": CHUNK, "tile": tile}
@@ -99,11 +92,11 @@ class DynamicScatterForward(Operator):
             policy.for_target(model).warps(int(knobs["threads"]))  # a whole number of warps
             return dict(plan, threads=int(knobs["threads"]))
         return dict(plan, vector=plan_vector(model, knobs)["vector"], lanes=model.lanes("float32"),
-                    prefetch_points=_whole(knobs, "prefetch_points", 0, 1 << 20),
-                    split_min_points=_whole(knobs, "split_min_points", 0, INT32_MAX),
-                    small_sort_keys=_whole(knobs, "small_sort_keys", 0, INT32_MAX),
+                    prefetch_points=whole(knobs, "prefetch_points", 0, 1 << 20),
+                    split_min_points=whole(knobs, "split_min_points", 0, INT32_MAX),
+                    small_sort_keys=whole(knobs, "small_sort_keys", 0, INT32_MAX),
                     # the histograms hold 2^RADIX_BITS counts
-                    small_radix_bits=_whole(knobs, "small_radix_bits", 1, RADIX_BITS))
+                    small_radix_bits=whole(knobs, "small_radix_bits", 1, RADIX_BITS))
 
     def computes(self, dtype, plan, model):
         from .compute import fill_computes, group_computes

@@ -25,7 +25,9 @@ kept, and a row that is not kept stores zeros.
 from __future__ import annotations
 
 from ... import policy
+from ...checks import INT32_MAX
 from .. import cpu_ir, fixed_channels
+from ..knobs import flag, whole
 from ..base import Operator
 from ...host_buffers import LINE_BYTES
 from ..channels_last import is_channels_first_view, rewritten, to_channels_last_compute
@@ -62,9 +64,10 @@ class VoxelPoolingBackward(Operator):
         pol = policy.for_target(model)
         if model.kind == "cuda":
             return {"threads": int(knobs["threads"])}
-        return {"vec": cpu_ir.line_vector(pol.lanes, "float32"), "task_points": int(knobs["task_points"]),
-                "stream": bool(knobs["stream"]), "prefetch_points": int(knobs["prefetch_points"]),
-                "stream_min_mib": int(knobs["stream_min_mib"])}
+        return {"vec": cpu_ir.line_vector(pol.lanes, "float32"),
+                "task_points": whole(knobs, "task_points", 1, INT32_MAX),
+                "stream": flag(knobs, "stream"), "prefetch_points": whole(knobs, "prefetch_points", 0, INT32_MAX),
+                "stream_min_mib": whole(knobs, "stream_min_mib", 0, INT32_MAX)}
 
     def computes(self, dtype, plan, model):
         from . import compute

@@ -35,8 +35,10 @@ output_features is ever written.
 from __future__ import annotations
 
 from ... import policy
+from ...checks import INT32_MAX
 from ...errors import BadParamError
 from .. import cpu_ir, fixed_channels
+from ..knobs import flag, whole
 from ..base import Operator
 
 CUDA_LANES = 32
@@ -89,25 +91,19 @@ class VoxelPoolingForward(Operator):
                     "memo_threads": int(knobs["memo_threads"]), "points_per_warp": int(knobs["points_per_warp"])}
         # task split: a task owns a batch x one of R bands of its output rows; R = row_bands(),
         # "auto" = ceil(taskDim / B) at launch
-        bands = knobs["row_bands"]
-        if bands != "auto" and (isinstance(bands, bool) or not isinstance(bands, int) or bands < 1):
-            raise ValueError(f"row_bands must be 'auto' or a positive integer, got {bands!r}")
+        bands = "auto" if knobs["row_bands"] == "auto" else whole(knobs, "row_bands", 1, INT32_MAX)
         # V: the channels of one step, whole float32 vectors making a cache line (one AVX-512
         # register, two AVX2 ones), so that a streamed store of the zeros covers its line;
         # memo_chunk: pos_memo's points per task (the seed's nram_limit_pt_num)
         zero_fill = knobs["zero_fill"]
-        kept_list = knobs["kept_list"]
-        if isinstance(kept_list, bool) or not isinstance(kept_list, int) or kept_list < 1:
-            raise ValueError(f"kept_list must be a positive integer, got {kept_list!r}")
         if zero_fill not in ZERO_FILLS:
             raise ValueError(f"zero_fill must be one of {', '.join(ZERO_FILLS)}, got {zero_fill!r}")
-        if not isinstance(knobs["stream_untouched"], bool):  # bool("false") would be True
-            raise ValueError(f"stream_untouched must be true or false, got {knobs['stream_untouched']!r}")
         return {"vec": cpu_ir.line_vector(pol.lanes, "float32"), "algorithm": knobs["algorithm"], "row_bands": bands,
-                "cores": pol.cores,
-                "zero_fill": zero_fill,
-                "memo_chunk": int(knobs["memo_chunk"]), "kept_list": kept_list,
-                "stream_untouched": knobs["stream_untouched"], "stream_min_mib": int(knobs["stream_min_mib"])}
+                "cores": pol.cores, "zero_fill": zero_fill,
+                "memo_chunk": whole(knobs, "memo_chunk", 1, INT32_MAX),
+                "kept_list": whole(knobs, "kept_list", 1, INT32_MAX),
+                "stream_untouched": flag(knobs, "stream_untouched"),
+                "stream_min_mib": whole(knobs, "stream_min_mib", 0, INT32_MAX)}
 
     def computes(self, dtype, plan, model):
         from . import compute
