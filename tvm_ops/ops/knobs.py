@@ -2,10 +2,9 @@
 
 A plan's knobs come from the schedule file, from a tuning record (records.py keeps only
 records whose every knob is one of the file's candidates) or from a caller that builds a
-Variant itself; a plan reads each number through `whole` so that no kernel is built for a
-value its loops and buffers are not made for (a task of -1 points, a 16-bit digit in a
-14-bit histogram): ValueError, which a record's library turns into a warning and the
-hand-tuned default (records._planned).
+Variant itself. A plan whose kernels would corrupt memory or drop work on some number
+outside its candidates (a task of -1 points, a 16-bit digit in a 14-bit histogram) reads
+that knob through `whole`: ValueError before any kernel is built.
 """
 
 from __future__ import annotations
