@@ -88,6 +88,12 @@ def use_knobs(monkeypatch, op, knobs: dict) -> None:
     op.clear_call_cache()  # calls remembered under other knobs would run their kernels
 
 
+def tuning_record(op, model, shape_class: str, case: str, knobs: dict) -> dict:
+    """A correct, timed, local float32 record of `op` on the CPU `model`, as `tune` writes one."""
+    return {"op": op.name, "dtype": "float32", "target": model.key, "shape_class": shape_class, "case": case,
+            "knobs": knobs, "status": "ok", "correct": True, "median_s": 1e-6, "runner": "local"}
+
+
 def assert_close(a, b, what="", atol=1e-5):
     """The tolerance of the torch functions' training comparisons."""
     import torch

@@ -12,7 +12,7 @@ from tvm_ops.tuning import tune
 from tvm_ops.errors import BadParamError
 from tvm_ops.ops import NAMES, get
 
-from .conftest import computed_kernels
+from .conftest import computed_kernels, tuning_record
 
 OP = get("three_interpolate_backward")
 TESTING = material(OP)
@@ -373,9 +373,7 @@ def test_every_launch_replays_over_rpc(name, kind):
 
 
 def write_record(path, model, knobs):
-    path.write_text(json.dumps({"op": OP.name, "dtype": "float32", "target": model.key, "shape_class": SHAPE_CLASS,
-                                "case": CASE, "knobs": knobs, "status": "ok", "correct": True,
-                                "median_s": 1e-6, "runner": "local"}) + "\n")
+    path.write_text(json.dumps(tuning_record(OP, model, SHAPE_CLASS, CASE, knobs)) + "\n")
 
 
 @pytest.mark.parametrize("c_tile", [-3, 48, 32.0, True])
@@ -453,10 +451,8 @@ def test_an_operator_with_a_counted_size_is_refused_over_rpc():
 
 
 def good_record(model, **changes):
-    row = {"op": OP.name, "dtype": "float32", "target": model.key, "shape_class": SHAPE_CLASS, "case": CASE,
-           "knobs": dict(OP.schedules["llvm"].defaults), "status": "ok", "correct": True, "median_s": 1e-5,
-           "runner": "local"}
-    return {**row, **changes}
+    return {**tuning_record(OP, model, SHAPE_CLASS, CASE, dict(OP.schedules["llvm"].defaults)), "median_s": 1e-5,
+            **changes}
 
 
 @pytest.mark.parametrize("bad", [{"median_s": "fast"}, {"median_s": [1]}, {"median_s": float("nan")},
@@ -483,9 +479,7 @@ def test_a_record_naming_no_candidate_of_a_choice_knob_is_not_used(tmp_path, mod
     path = tmp_path / "records.jsonl"
     for value in ("bogus", "Bitonic", 3):
         knobs = dict(op.schedules["llvm"].defaults, sort=value)
-        path.write_text(json.dumps({"op": op.name, "dtype": "float32", "target": model.key, "shape_class": shape_class,
-                                    "case": case.name, "knobs": knobs, "status": "ok", "correct": True,
-                                    "median_s": 1e-6, "runner": "local"}) + "\n")
+        path.write_text(json.dumps(tuning_record(op, model, shape_class, case.name, knobs)) + "\n")
         assert records.best(op, "float32", model, shape_class, path) is None, value
     with pytest.raises(ValueError, match="sort must be one of radix, bitonic"):
         op.plan(model, dict(op.schedules["llvm"].defaults, sort="bogus"))

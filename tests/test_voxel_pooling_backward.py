@@ -15,7 +15,7 @@ from tvm_ops.ops.voxel_pooling_backward import OP
 from tvm_ops.testing import voxel_pooling_backward as TESTING
 from tvm_ops.testing.voxel_pooling_forward import pos_memo_rule
 
-from .conftest import requires_torch, use_knobs
+from .conftest import requires_torch, tuning_record, use_knobs
 
 I32_MIN, I32_MAX = -2**31, 2**31 - 1
 # the CPU paths: whole-line rows streamed past the caches from any output size (taken when
@@ -141,9 +141,8 @@ def test_a_record_with_a_task_of_minus_one_points_leaves_the_call_on_the_default
     grad, memo = inputs(2, 3000, 80, 16, 16)
     problem = checks.check(OP.spec, {"grad_output": grad, "pos_memo": memo}, {}, {}, OP.rules)
     model = targets.host_cpu()
-    record = {"op": OP.name, "dtype": "float32", "target": model.key, "case": "by hand",
-              "shape_class": records.problem_class(OP.spec, problem), "status": "ok", "correct": True,
-              "median_s": 1e-6, "runner": "local", "knobs": dict(OP.schedules["llvm"].defaults, task_points=-1)}
+    record = tuning_record(OP, model, records.problem_class(OP.spec, problem), "by hand",
+                           dict(OP.schedules["llvm"].defaults, task_points=-1))
     path = tmp_path / "records.jsonl"
     path.write_text(json.dumps(record) + "\n")
     monkeypatch.setenv("TVM_OPS_RECORDS", str(path))

@@ -121,9 +121,8 @@ def usable(op, dtype: str, model: targets.TargetModel, path: Path | None = None)
 
 
 def _planned(op, model: targets.TargetModel, row: dict) -> bool:
-    """Whether the op's plan takes the record's knobs: a number outside the ranges its kernels'
-    buffers are sized for is refused there, and such a record is skipped (calls, `build` and
-    `list` alike), with a warning."""
+    """Whether the op's plan takes the record's knobs on this target (a candidate may not fit
+    it); a record it refuses is skipped (calls, `build` and `list` alike), with a warning."""
     try:
         op.plan(model, row["knobs"])
     except Exception as exc:  # noqa: BLE001 - whatever a record holds, it must not break a call
