@@ -10,6 +10,8 @@ import pytest
 
 from tvm_ops import bench, targets
 
+from .conftest import requires_torch
+
 
 def test_a_case_is_held_to_the_level_its_bytes_fit_in():
     model = targets.resolve("llvm")
@@ -36,6 +38,21 @@ def test_interleaved_timings_each_run_their_rounds_in_turn():
                                          "copy": timed("copy", 1.0, "tvm", 3)}, 3)
     assert order == ["case", "peer", "copy"] * 2 + ["case", "copy"]
     assert medians == {"case": 2.0, "peer": 5.0, "copy": 1.0}
+
+
+
+@requires_torch
+def test_peers_run_on_the_cpu_without_a_device_mode():
+    """`with torch.device(...)` sends every torch call through a function mode (a 39 us
+    scatter_add_ peer took 63 us under it): a CPU peer runs as a user's code would, a GPU
+    peer's tensors land on the GPU (meta here)."""
+    import torch
+
+    def block():
+        return torch.empty(1).device.type
+
+    assert bench.on_device(torch.device("cpu"), block) is block
+    assert bench.on_device(torch.device("meta"), block)() == "meta"
 
 
 def test_blocks_are_sized_in_the_first_block_from_the_fastest_single_run():
