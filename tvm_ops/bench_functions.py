@@ -7,12 +7,13 @@ the CPU's peak."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import runner
-from .bench import Timed, call_timing, interleaved_medians, peak_flops, peer_rounds
+from .bench import Timed, call_timing, on_device, interleaved_medians, peak_flops, peer_rounds
 from .ops import get
 from .targets import TargetModel
 from .testing import material
@@ -26,20 +27,23 @@ class FunctionLine:
     median_ms: float
     io_efficiency: float
     compute_efficiency: float | None
-    peer: str
+    peer: str  # the fastest formulation of this run
     peer_ms: float
+    other_peers: dict  # {name: ms} of the others
 
     def text(self) -> str:
         compute = f"{self.compute_efficiency:6.1%}" if self.compute_efficiency is not None else "    - "
+        others = "".join(f"  [{name} {ms:.2f} ms x{ms / self.median_ms:.1f}]" for name, ms in self.other_peers.items())
         return (f"{self.function:16s} {self.case:26s} {self.mode:8s} {self.median_ms:10.3f} ms  "
                 f"io {self.io_efficiency:6.1%}  compute {compute}  peer {self.peer} {self.peer_ms:10.2f} ms  "
-                f"x{self.peer_ms / self.median_ms:6.1f}")
+                f"x{self.peer_ms / self.median_ms:6.1f}{others}")
 
 
-def _timed(function, case, ours, peer, peer_name, leaves, grad, costs, repeat, device, bandwidth, peak):
-    """FunctionLines of one case: `ours` and `peer` (callables over `leaves`) timed forward
-    alone (no_grad) and as a training step (forward, then backward of `grad`); costs =
-    {"forward": (io, ops), "train": (io, ops)} of the kernels each mode runs."""
+def _timed(function, case, ours, peers: dict, leaves, grad, costs, repeat, device, bandwidth, peak):
+    """FunctionLines of one case: `ours` and each of `peers` ({name: callable}, over `leaves`)
+    timed forward alone (no_grad) and as a training step (forward, then backward of `grad`),
+    the ratio against the fastest peer of each mode; costs = {"forward": (io, ops), "train":
+    (io, ops)} of the kernels each mode runs."""
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else None
@@ -59,16 +63,21 @@ def _timed(function, case, ours, peer, peer_name, leaves, grad, costs, repeat, d
 
     for mode, wrap in (("forward", no_grad), ("train", step)):
         timings = {}
-        sides = (("tvm_ops", ours, "tvm", repeat), (peer_name, peer, "torch", peer_rounds(repeat)))
+        sides = [("tvm_ops", ours, "tvm", repeat)] + [(name, peer, "torch", peer_rounds(repeat))
+                                                      for name, peer in peers.items()]
         for name, fn, library, rounds in sides:
             run = wrap(fn)
-            run()  # build or load kernels, warm the allocator
-            timings[name] = Timed(call_timing(run, sync), library, rounds)
+            # the tensors a peer makes land on the case's device (ours place their own)
+            placed = functools.partial(on_device, torch.device(device if library == "torch" else "cpu"))
+            placed(run)()  # build or load kernels, warm the allocator
+            timings[name] = Timed(placed(call_timing(run, sync)), library, rounds)
         timed = interleaved_medians(timings, repeat)
         seconds = timed["tvm_ops"]
+        peer_ms = {name: timed[name] * 1e3 for name in peers}
+        fastest = min(peer_ms, key=peer_ms.get)
         io, ops = costs[mode]
         yield FunctionLine(function, case.name, mode, seconds * 1e3, io / seconds / bandwidth,
-                           (ops / seconds / peak) if peak and ops else None, peer_name, timed[peer_name] * 1e3)
+                           (ops / seconds / peak) if peak and ops else None, fastest, peer_ms.pop(fastest), peer_ms)
 
 
 def _torch_inputs(op, case, device):
@@ -112,11 +121,12 @@ def _costs(forward, backward, shape, forward_params=None, backward_params=None) 
 
 
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
-    """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation."""
+    """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation
+    and the corners' rows by index_select (testing.ms_deform_attn_backward)."""
     import torch
 
     from . import functional
-    from .testing.ms_deform_attn_backward import msda_pytorch
+    from .testing.ms_deform_attn_backward import msda_pytorch, msda_pytorch_rows
 
     forward, backward, device, peak = _ops_device_peak("ms_deform_attn", model)
     for case, inputs, params, t in _network_cases(forward, device, case_name):
@@ -130,12 +140,16 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
         def ours(value, loc, attn):
             return functional.ms_deform_attn(value, shapes, starts, loc, attn, params["im2col_step"])
 
-        def peer(value, loc, attn):
-            return msda_pytorch(value, levels, loc, attn)
+        peers = {name: functools.partial(_msda_peer, formulation, levels)
+                 for name, formulation in (("grid_sample", msda_pytorch), ("index_select", msda_pytorch_rows))}
 
         costs = _costs(forward, backward, case.shape, params, params)
-        yield from _timed("ms_deform_attn", case, ours, peer, "grid_sample", leaves, grad, costs, repeat, device,
+        yield from _timed("ms_deform_attn", case, ours, peers, leaves, grad, costs, repeat, device,
                           bandwidth, peak)
+
+
+def _msda_peer(formulation, levels, value, loc, attn):
+    return formulation(value, levels, loc, attn)
 
 
 def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
@@ -161,17 +175,18 @@ def border_align_cases(model: TargetModel, bandwidth: float, repeat: int, case_n
             return torch_forward_per_sample(feat.permute(0, 2, 3, 1), boxes, pool)[0].permute(0, 3, 1, 2)
 
         costs = _costs(forward, backward, case.shape, params, dict(params, height=h, width=w))
-        yield from _timed("border_align", case, ours, peer, "per_sample", leaves, grad, costs, repeat, device,
+        yield from _timed("border_align", case, ours, {"per_sample": peer}, leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
 
 def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.voxel_pooling vs BEVDepth's pooling in stock
-    PyTorch (index_add_ of the kept points' features, autograd's gather back)."""
+    PyTorch (index_add_ of the kept points' features, autograd's gather back) and the same
+    sum over every point with a spare row (testing.voxel_pooling_forward; index_put_, the
+    slowest in every run, is left to the forward's bench)."""
     import torch
 
     from . import functional
-    from .testing.voxel_pooling_forward import voxel_pool_pytorch
 
     forward, backward, device, peak = _ops_device_peak("voxel_pooling", model)
     for case, _, params, t in _network_cases(forward, device, case_name):
@@ -183,13 +198,19 @@ def voxel_pooling_cases(model: TargetModel, bandwidth: float, repeat: int, case_
         def ours(feat):
             return functional.voxel_pooling(geom, feat, voxel_num)
 
-        def peer(feat):
-            return voxel_pool_pytorch(geom, feat, *voxel_num, "index_add_")[0].permute(0, 3, 1, 2)
+        peers = {name: functools.partial(_voxel_pool_peer, geom, voxel_num, name)
+                 for name in ("index_add_", "index_add_(spare_row)", "scatter_add_(spare_row)")}
 
         # the backward's sizes: B, N, C of the points and the forward's grid (Y, X)
         costs = _costs(forward, backward, case.shape, params)
-        yield from _timed("voxel_pooling", case, ours, peer, "index_add_", leaves, grad, costs, repeat, device,
+        yield from _timed("voxel_pooling", case, ours, peers, leaves, grad, costs, repeat, device,
                           bandwidth, peak)
+
+
+def _voxel_pool_peer(geom, voxel_num, formulation, feat):
+    from .testing.voxel_pooling_forward import voxel_pool_pytorch
+
+    return voxel_pool_pytorch(geom, feat, *voxel_num, formulation)[0].permute(0, 3, 1, 2)
 
 
 def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
@@ -214,7 +235,7 @@ def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, c
             return gather_formulation(features, index, weight)
 
         costs = _costs(forward, backward, case.shape)
-        yield from _timed("three_interpolate", case, ours, peer, "gather", leaves, grad, costs, repeat, device,
+        yield from _timed("three_interpolate", case, ours, {"gather": peer}, leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
 
@@ -240,7 +261,7 @@ def dynamic_scatter_cases(model: TargetModel, bandwidth: float, repeat: int, cas
             return dynamic_scatter_pytorch(feats, coors, reduce_type)[0]
 
         costs = _costs(forward, backward, case.shape, params, params)
-        yield from _timed("dynamic_scatter", case, ours, peer, "key+unique", leaves, grad, costs, repeat, device,
+        yield from _timed("dynamic_scatter", case, ours, {"key+unique": peer}, leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
 
