@@ -215,11 +215,12 @@ def _voxel_pool_peer(geom, voxel_num, formulation, feat):
 
 def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.three_interpolate vs the stock gather formulation
-    (torch.gather of the three neighbours, weighted and summed), run through autograd."""
+    (torch.gather of the three neighbours, weighted and summed) and the product by the
+    interpolation matrix (one torch.bmm), run through autograd."""
     import torch
 
     from . import functional
-    from .testing.three_interpolate_forward import gather_formulation
+    from .testing.three_interpolate_forward import dense_formulation, gather_formulation
 
     forward, backward, device, peak = _ops_device_peak("three_interpolate", model)
     for case, _, _, t in _network_cases(forward, device, case_name):
@@ -231,11 +232,11 @@ def three_interpolate_cases(model: TargetModel, bandwidth: float, repeat: int, c
         def ours(features):
             return functional.three_interpolate(features, indices, weight)
 
-        def peer(features):
-            return gather_formulation(features, index, weight)
+        peers = {name: functools.partial(formulation, index=index, weights=weight)
+                 for name, formulation in (("gather", gather_formulation), ("dense_bmm", dense_formulation))}
 
         costs = _costs(forward, backward, case.shape)
-        yield from _timed("three_interpolate", case, ours, {"gather": peer}, leaves, grad, costs, repeat, device,
+        yield from _timed("three_interpolate", case, ours, peers, leaves, grad, costs, repeat, device,
                           bandwidth, peak)
 
 

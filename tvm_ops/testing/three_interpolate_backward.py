@@ -61,7 +61,27 @@ def peers(inputs, params):
     """The PyTorch formulations the bench times (its ratio is against the fastest)."""
     return {"autograd(gather)": torch_peer(inputs, params),
             "scatter_add_": _scatter_add_peer(inputs, params),
-            "index_add_": _index_add_peer(inputs, params)}
+            "index_add_": _index_add_peer(inputs, params),
+            "dense_bmm": _dense_peer(inputs, params)}
+
+
+def _dense_peer(inputs, params):
+    """grad_output times the interpolation matrix (three_interpolate_forward's
+    interpolation_matrix: the forward's adjoint), one torch.bmm in float32."""
+    import torch
+
+    from .three_interpolate_forward import interpolation_matrix
+
+    go, idx, w = _torch_inputs(inputs)
+    m = params["m"]
+    valid = (idx >= 0) & (idx < m)
+    index = idx.long().clamp(0, max(m - 1, 0))
+    weights = torch.where(valid, w, torch.zeros_like(w))
+
+    def run():
+        return go.float().bmm(interpolation_matrix(index, weights, m)).to(go.dtype)
+
+    return run
 
 
 def _index_add_peer(inputs, params):
