@@ -407,6 +407,16 @@ def test_mixed_kinds_are_rejected():
 
 
 @requires_torch
+def test_the_rows_peer_is_left_out_where_its_rows_would_not_fit(monkeypatch):
+    """Its graph keeps every picked corner row (net_bevformer's: 7.6 GB)."""
+    case = OP.spec.case("bnd_odd_levels_c5")
+    data, params = TESTING.make_inputs(case, "float32", np.random.default_rng(1))
+    assert set(TESTING.peers(data, params)) == {"autograd(grid_sample)", "autograd(index_select)"}
+    monkeypatch.setattr(TESTING, "ROWS_PEER_MAX_BYTES", 0)
+    assert set(TESTING.peers(data, params)) == {"autograd(grid_sample)"}
+
+
+@requires_torch
 def test_torch_peer_matches_the_reference():
     case = OP.spec.case("bnd_odd_levels_c5")
     data, params = TESTING.make_inputs(case, "float32", np.random.default_rng(1))

@@ -122,11 +122,11 @@ def _costs(forward, backward, shape, forward_params=None, backward_params=None) 
 
 def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case_name: str | None):
     """FunctionLines of tvm_ops.functional.ms_deform_attn vs mmcv's grid_sample formulation
-    and the corners' rows by index_select (testing.ms_deform_attn_backward)."""
+    and the corners' rows by index_select where they fit (testing.ms_deform_attn_backward)."""
     import torch
 
     from . import functional
-    from .testing.ms_deform_attn_backward import msda_pytorch, msda_pytorch_rows
+    from .testing.ms_deform_attn_backward import msda_pytorch, msda_pytorch_rows, rows_fit
 
     forward, backward, device, peak = _ops_device_peak("ms_deform_attn", model)
     for case, inputs, params, t in _network_cases(forward, device, case_name):
@@ -140,8 +140,9 @@ def ms_deform_attn_cases(model: TargetModel, bandwidth: float, repeat: int, case
         def ours(value, loc, attn):
             return functional.ms_deform_attn(value, shapes, starts, loc, attn, params["im2col_step"])
 
-        peers = {name: functools.partial(_msda_peer, formulation, levels)
-                 for name, formulation in (("grid_sample", msda_pytorch), ("index_select", msda_pytorch_rows))}
+        peers = {"grid_sample": functools.partial(_msda_peer, msda_pytorch, levels)}
+        if rows_fit(leaves[0], leaves[1]):
+            peers["index_select"] = functools.partial(_msda_peer, msda_pytorch_rows, levels)
 
         costs = _costs(forward, backward, case.shape, params, params)
         yield from _timed("ms_deform_attn", case, ours, peers, leaves, grad, costs, repeat, device,

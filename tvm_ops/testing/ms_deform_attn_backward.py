@@ -35,13 +35,27 @@ def reference(inputs, params):
                                             "sampling_loc", "attn_weight", "grad_output")))
 
 
+# the corners' rows formulation keeps every picked row for its backward: up to this many bytes
+ROWS_PEER_MAX_BYTES = 2 << 30
+
+
 def peers(inputs, params):
     """The PyTorch formulations the bench times (its ratio is against the fastest): autograd
     through mmcv's grid_sample formulation, and through the corners' rows picked by
     index_select (2-3x faster on the DETR decoder's few queries, slower with BEVFormer's
-    128 corners a query)."""
-    return {"autograd(grid_sample)": torch_peer(inputs, params),
-            "autograd(index_select)": torch_peer(inputs, params, msda_pytorch_rows)}
+    128 corners a query), where its rows fit in ROWS_PEER_MAX_BYTES (net_bevformer's would
+    take 7.6 GB)."""
+    formulations = {"autograd(grid_sample)": torch_peer(inputs, params)}
+    if rows_fit(inputs["value"], inputs["sampling_loc"]):
+        formulations["autograd(index_select)"] = torch_peer(inputs, params, msda_pytorch_rows)
+    return formulations
+
+
+def rows_fit(value, loc) -> bool:
+    """Whether msda_pytorch_rows's picked rows of these inputs (numpy or torch) fit in
+    ROWS_PEER_MAX_BYTES."""
+    corners = int(np.prod(loc.shape[:-1])) * 4  # B Q H L P samples, four corners each
+    return corners * value.shape[3] * value.dtype.itemsize <= ROWS_PEER_MAX_BYTES
 
 
 def torch_peer(inputs, params, formulation=None):
