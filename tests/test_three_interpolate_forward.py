@@ -87,6 +87,34 @@ def test_each_cpu_plan_matches_the_reference_and_the_portable_kernel(cpu_plan, b
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("m", [1, 2, 15, 16])
+def test_rows_of_up_to_16_features_are_looked_up_in_a_register(m, dtype):
+    """AVX-512: each channel's row of M <= 16 features held in one register, the neighbours
+    picked by lane permutes: the reference's values and the portable kernel's bits, with
+    indices past both ends (NaN weights there) and infinite and NaN features in the columns
+    no index reads (the register holds them: they must not leak into a sum)."""
+    from tvm_ops import dispatch
+    from tvm_ops.ops.cpu_ir import has_lane_lookup
+    from tvm_ops.ops.three_interpolate_forward import KERNELS, cpu_kernel
+
+    model = targets.resolve("llvm")
+    if not has_lane_lookup(model.features()):
+        pytest.skip("this host has no 16-entry lane lookup (AVX-512)")
+    assert cpu_kernel(dispatch.kernels(OP, dtype, model), dtype, {"B": 2, "C": 37, "M": m, "N": 45}) == KERNELS[3]
+    f, idx, w = inputs(2, 37, m, 45, dtype, low=-3, high=m + 3, seed=m)
+    read = (m + 1) // 2
+    idx[(idx >= read) & (idx < m)] = m + 1  # the columns from `read` on: never an index's
+    f[:, :, read:] = np.where(np.arange(m - read) % 2, np.inf, np.nan).astype(dtype)
+    w[(idx < 0) | (idx >= m)] = np.nan
+    out = tvm_ops.three_interpolate_forward(f, idx, w)
+    assert np.isfinite(out).all()
+    check_against_reference(f, idx, w, out, dtype)
+    portable = np.concatenate([tvm_ops.three_interpolate_forward(f, idx[:, i:i + 1], w[:, i:i + 1])
+                               for i in range(45)], axis=2)
+    assert np.array_equal(out, portable)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_the_tiles_plan_on_avx2_gives_the_host_bits(dtype):
     """8-lane squares (three rounds of shuffles) on an AVX2 target: the same bits as this
     host's plan, whole channel vectors, their tail and the gather plan's last channels."""

@@ -34,9 +34,13 @@ Select when the index is outside), so no index value reads outside `features`.
 from __future__ import annotations
 
 from ..base import Operator
+from ..cpu_ir import has_lane_lookup
 from ..point_vectors import plan_vector
 
-KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small", "three_interpolate_forward_tiles")
+KERNELS = ("three_interpolate_forward", "three_interpolate_forward_small", "three_interpolate_forward_tiles",
+           "three_interpolate_forward_lookup")
+# the lookup kernel's rows: one register of float32 lanes (AVX-512's vpermps table)
+LOOKUP_FEATURES = 16
 
 
 class ThreeInterpolateForward(Operator):
@@ -53,31 +57,41 @@ class ThreeInterpolateForward(Operator):
         return plan
 
     def computes(self, dtype, plan, model):
-        from .compute import forward_compute, gather_compute, tiles_compute
+        from .compute import forward_compute, gather_compute, lookup_compute, tiles_compute
 
         portable = forward_compute(dtype, 1)
         if model.kind != "llvm":  # CUDA: a thread per output element, one kernel
             return {KERNELS[0]: portable}
-        return {KERNELS[0]: gather_compute(dtype, int(plan["vector"]), int(plan["c_tile"])), KERNELS[1]: portable,
-                KERNELS[2]: tiles_compute(dtype, int(plan["lanes"]), int(plan["channel_vectors"]))}
+        computes = {KERNELS[0]: gather_compute(dtype, int(plan["vector"]), int(plan["c_tile"])), KERNELS[1]: portable,
+                    KERNELS[2]: tiles_compute(dtype, int(plan["lanes"]), int(plan["channel_vectors"]))}
+        if has_lane_lookup(model.features()):
+            computes[KERNELS[3]] = lookup_compute(dtype, int(plan["lanes"]), int(plan["c_tile"]))
+        return computes
 
     def launch(self, kernels, problem, tensors):
         args = [tensors[t] for t in ("features", "indices", "weights", "output")]
-        kernels[self._kernel(kernels.plan, problem)](*args)
+        kernel = KERNELS[0] if problem.device != "cpu" else cpu_kernel(kernels, problem.dtype, problem.sizes)
+        kernels[kernel](*args)
 
-    @staticmethod
-    def _kernel(plan, problem) -> str:
-        if problem.device != "cpu":
-            return KERNELS[0]
-        sizes, lanes = problem.sizes, int(plan["lanes"])
-        # the portable kernel below one vector of points, and for float16 with one feature
-        # column (the vector kernel's half gathers read a pair of columns: gather_ir)
-        if sizes["N"] < int(plan["vector"]) or (problem.dtype == "float16" and sizes["M"] < 2):
-            return KERNELS[1]
-        tiles = sizes["N"] >= lanes and sizes["M"] >= lanes and sizes["C"] >= lanes
-        if plan["plan"] == "tiles" and tiles:
-            return KERNELS[2]
-        return KERNELS[0]
+
+def cpu_kernel(kernels, dtype: str, sizes: dict) -> str:
+    """The kernel a CPU call of these sizes runs, from the library `kernels` (its plan, and
+    whether it holds the lookup kernel)."""
+    plan, lanes = kernels.plan, int(kernels.plan["lanes"])
+    # the portable kernel below one vector of points
+    if sizes["N"] < int(plan["vector"]):
+        return KERNELS[1]
+    # a row of at most 16 features in a register (AVX-512): in place of the tiles, whose
+    # transposes cost more than such rows' lookups
+    if plan["plan"] == "tiles" and sizes["M"] <= LOOKUP_FEATURES and KERNELS[3] in kernels:
+        return KERNELS[3]
+    # float16 with one feature column: the vector kernel's half gathers read a pair of
+    # columns (gather_ir)
+    if dtype == "float16" and sizes["M"] < 2:
+        return KERNELS[1]
+    if plan["plan"] == "tiles" and sizes["M"] >= lanes and sizes["C"] >= lanes:
+        return KERNELS[2]
+    return KERNELS[0]
 
 
 OP = ThreeInterpolateForward()

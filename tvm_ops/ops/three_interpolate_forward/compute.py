@@ -62,31 +62,54 @@ def forward_compute(dtype: str, lanes: int):
     return three_interpolate_forward
 
 
-def _vector_term(IDX, W, features, b, c, M, k, lanes, gather):
+def _vector_term(IDX, W, fetch, M, k, lanes):
     """_term for the `lanes` points of a vector at once: index vector IDX[k], weight vector
-    W[k] (float32), the features gathered by one llvm.masked.gather (indices clamped into the
-    row, the term dropped by a Select where the index is outside [0, M))."""
+    W[k] (float32), the features fetched for the indices clamped into the row (`fetch`: a
+    vector gather, or a lookup in the row held in a register), the term dropped by a Select
+    where the index is outside [0, M)."""
     i = IDX[k, T.Ramp(0, 1, lanes)]
     inside = tirx.all(i >= T.Broadcast(0, lanes), i < T.Broadcast(M, lanes))
     clamped = T.max(T.min(i, T.Broadcast(M - 1, lanes)), T.Broadcast(0, lanes))
-    value = W[k, T.Ramp(0, 1, lanes)] * T.call_extern(f"float32x{lanes}", gather, T.address_of(features[b, c, 0]),
-                                                      clamped)
-    return T.Select(inside, value, T.Broadcast(T.float32(0), lanes))
+    return T.Select(inside, W[k, T.Ramp(0, 1, lanes)] * fetch(clamped), T.Broadcast(T.float32(0), lanes))
 
 
-def _vector_sum(IDX, W, features, b, c, M, lanes, dtype, gather):
-    """The output vector of channel c: the three _vector_terms summed in k order, cast once."""
-    return T.Cast(f"{dtype}x{lanes}", _vector_term(IDX, W, features, b, c, M, 0, lanes, gather) + _vector_term(
-        IDX, W, features, b, c, M, 1, lanes, gather) + _vector_term(IDX, W, features, b, c, M, 2, lanes, gather))
+def _vector_sum(IDX, W, fetch, M, lanes, dtype):
+    """The output vector of one channel: the three _vector_terms summed in k order, cast once."""
+    return T.Cast(f"{dtype}x{lanes}", _vector_term(IDX, W, fetch, M, 0, lanes) + _vector_term(
+        IDX, W, fetch, M, 1, lanes) + _vector_term(IDX, W, fetch, M, 2, lanes))
 
 
-def _walk_points_macro(dtype: str, lanes: int):
+def _gathered(dtype: str, lanes: int):
+    """fetch_of(features, b, c, M) for _walk_points_macro: the row's features at a vector of
+    indices by one llvm.masked.gather (gather_ir)."""
+    gather = f"tvm_ops_gather_{'f16' if dtype == 'float16' else 'f32'}_x{lanes}"
+
+    def fetch_of(features, b, c, M):
+        return lambda clamped: T.call_extern(f"float32x{lanes}", gather, T.address_of(features[b, c, 0]), clamped)
+
+    return fetch_of
+
+
+def _looked_up(dtype: str, lanes: int):
+    """fetch_of(features, b, c, M) for _walk_points_macro where M <= 16: the row's M features
+    in one register (row16_ir: a masked load, nothing read past them), each index's feature
+    picked from it by one vpermps per 16 lanes (cpu_ir.lookup16_ir)."""
+    row = f"tvm_ops_row16_{'f16' if dtype == 'float16' else 'f32'}"
+
+    def fetch_of(features, b, c, M):
+        table = T.call_pure_extern("float32x16", row, T.address_of(features[b, c, 0]), M)
+        return lambda clamped: T.call_pure_extern(f"float32x{lanes}", f"tvm_ops_lookup16_x{lanes}", table, clamped)
+
+    return fetch_of
+
+
+def _walk_points_macro(dtype: str, lanes: int, fetch_of):
     """The gather plan's walk of one (batch, channel block): per vector of `lanes` points (the
     last moved back to end at N) its neighbours' indices and weights read once (column k of
     its rows: one load and a deinterleaving shuffle each, _every3_ir), then one output vector
-    per channel of the block (`unrolled`: the channels unrolled, else a loop)."""
+    per channel of the block (`unrolled`: the channels unrolled, else a loop), its features
+    fetched by `fetch_of` (_gathered, _looked_up)."""
     kind = "f16" if dtype == "float16" else "f32"
-    f32_gather = f"tvm_ops_gather_{kind}_x{lanes}"  # gather_ir's functions
     # column k of `lanes` rows of indices / weights: gather_ir's deinterleaving loads, one per k
     index_column = [f"tvm_ops_every3_i32_x{lanes}_{k}" for k in range(3)]
     weight_column = [f"tvm_ops_every3_{kind}_x{lanes}_{k}" for k in range(3)]
@@ -103,8 +126,8 @@ def _walk_points_macro(dtype: str, lanes: int):
             W[1, T.Ramp(0, 1, lanes)] = T.call_extern(fvec, weight_column[1], T.address_of(weights[b, n0, 0]))
             W[2, T.Ramp(0, 1, lanes)] = T.call_extern(fvec, weight_column[2], T.address_of(weights[b, n0, 0]))
             for ci in T.unroll(channels) if unrolled else T.serial(channels):
-                out[b, c0 + ci, T.Ramp(n0, 1, lanes)] = _vector_sum(IDX, W, features, b, c0 + ci, M, lanes,
-                                                                    dtype, f32_gather)
+                out[b, c0 + ci, T.Ramp(n0, 1, lanes)] = _vector_sum(IDX, W, fetch_of(features, b, c0 + ci, M), M,
+                                                                    lanes, dtype)
 
     return walk_points
 
@@ -118,8 +141,40 @@ def gather_compute(dtype: str, lanes: int, c_tile: int):
     C % c_tile in a loop). The same float32 terms in the same order as forward_compute: the
     same bits. The gathers are calls of gather_ir's functions (TVM's LLVM codegen turns a
     per-lane load into lanes scalar loads and inserts)."""
+    return _walk_kernel(dtype, lanes, c_tile, _gathered(dtype, lanes))
+
+
+def lookup_compute(dtype: str, lanes: int, c_tile: int):
+    """The CPU kernel for M <= 16 where a 16-entry lane lookup is one instruction (AVX-512:
+    cpu_ir.has_lane_lookup): the gather plan's walk with each channel's feature row held in
+    one register and the neighbours' features picked from it by lane permutes (_looked_up),
+    no gather and no transposes. The same terms in the same order: the same bits."""
+    return _walk_kernel(dtype, lanes, c_tile, _looked_up(dtype, lanes))
+
+
+def row16_ir() -> str:
+    """LLVM IR of tvm_ops_row16_{f32,f16}(row, m): the row's first min(m, 16) elements in a
+    <16 x float> (float16 widened), the other lanes 0, by a masked load: nothing past them is
+    read (generic IR; on x86 a masked vmovups)."""
+    text = []
+    lanes = ", ".join(f"i32 {lane}" for lane in range(16))
+    for name, element, align in (("f32", "float", 4), ("f16", "half", 2)):
+        widen = "  %w = fpext <16 x half> %r to <16 x float>\n  ret <16 x float> %w\n" if element == "half" \
+            else "  ret <16 x float> %r\n"
+        text.append(f"declare <16 x {element}> @llvm.masked.load.v16{name}.p0(ptr, i32, <16 x i1>, <16 x {element}>)\n"
+                    f"define <16 x float> @tvm_ops_row16_{name}(ptr %row, i32 %m) alwaysinline {{\nentry:\n"
+                    f"  %s = insertelement <16 x i32> poison, i32 %m, i64 0\n"
+                    f"  %all = shufflevector <16 x i32> %s, <16 x i32> poison, <16 x i32> zeroinitializer\n"
+                    f"  %mask = icmp slt <16 x i32> <{lanes}>, %all\n"
+                    f"  %r = call <16 x {element}> @llvm.masked.load.v16{name}.p0(ptr %row, i32 {align}, "
+                    f"<16 x i1> %mask, <16 x {element}> zeroinitializer)\n" + widen + "}\n")
+    return "".join(text)
+
+
+def _walk_kernel(dtype: str, lanes: int, c_tile: int, fetch_of):
+    """A task per (batch, block of c_tile channels) walking its points (_walk_points_macro)."""
     scratch = scratch_scope("llvm")
-    walk_points = _walk_points_macro(dtype, lanes)
+    walk_points = _walk_points_macro(dtype, lanes, fetch_of)
 
     @T.macro
     def block(features, indices, weights, out, b, c0, C, M, N):
@@ -155,7 +210,7 @@ def tiles_compute(dtype: str, lanes: int, channel_vectors: int):
     channels the gather plan's walk."""
     L, CW = lanes, channel_vectors * lanes
     scratch = scratch_scope("llvm")
-    walk_points = _walk_points_macro(dtype, lanes)
+    walk_points = _walk_points_macro(dtype, lanes, _gathered(dtype, lanes))
     transpose = transpose_macro(L)
     zero = tirx.const(0, "float32")
 

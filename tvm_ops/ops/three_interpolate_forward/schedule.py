@@ -7,8 +7,9 @@ three are the same compute; launch runs the second."""
 
 from __future__ import annotations
 
+from .. import cpu_ir
 from . import KERNELS
-from .compute import gather_ir
+from .compute import gather_ir, row16_ir
 
 
 def llvm(sch, kernel, model, plan):
@@ -19,11 +20,14 @@ def llvm(sch, kernel, model, plan):
     c_tile channels per task, one point at a time."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
-    if kernel in ("three_interpolate_forward", "three_interpolate_forward_tiles"):
+    if kernel != "three_interpolate_forward_small":
         (task,) = sch.get_loops(sch.get_sblock("task"))
         sch.parallel(task)
-        lanes = plan["vector"] if kernel == "three_interpolate_forward" else plan["lanes"]
-        sch.annotate(task, "pragma_import_llvm", gather_ir(int(lanes)))
+        lanes = int(plan["vector"] if kernel == "three_interpolate_forward" else plan["lanes"])
+        llvm_ir = gather_ir(lanes)
+        if kernel == "three_interpolate_forward_lookup":
+            llvm_ir += row16_ir() + cpu_ir.lookup16_ir(model.features(), [lanes])
+        sch.annotate(task, "pragma_import_llvm", llvm_ir)
         return
     b, c, o, v = sch.get_loops(sch.get_sblock("out"))
     co, ci = sch.split(c, [None, int(plan["c_tile"])])
