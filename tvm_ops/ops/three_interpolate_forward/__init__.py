@@ -7,8 +7,9 @@ three_interpolate_backward. float16 multiplies and sums in float32 and rounds on
 Semantics: docs/semantics.md; the contract: specs/three_interpolate_forward.yaml.
 
 Kernels (B, C, M and N symbolic): `three_interpolate_forward` (both targets) and, on the
-CPU, `three_interpolate_forward_tiles` and `three_interpolate_forward_small` (N below the
-vector width, or float16 with M < 2: one point at a time).
+CPU, `three_interpolate_forward_tiles`, `three_interpolate_forward_lookup` (AVX-512) and
+`three_interpolate_forward_small` (N below the vector width, or float16 with M < 2 where
+there is no lookup: one point at a time).
   CPU, tiles plan (the default): a parallel task per (batch, block of `lanes` channels)
       transposes its features into a [M, lanes] float32 workspace, so that each neighbour's
       channels are one vector load; per block of `lanes` points it sums the three
@@ -16,10 +17,13 @@ vector width, or float16 with M < 2: one point at a time).
       (lane shuffles, ops/lane_transpose.py). No gather instruction: on AMD's Zen 4 the gather
       plan ran 2.5-4.5x slower (docs/kernels/three_interpolate_forward.md). Below a vector of
       channels or features, and for the last C % lanes channels, the gather plan; below a
-      vector of points the `_small` kernel.
+      vector of points the `_small` kernel. With M <= 16 on AVX-512 the lookup kernel
+      instead: the gather plan's walk with each channel's row of features in one register
+      (a masked load) and the neighbours picked from it by lane permutes (vpermps): no
+      transposes, which cost such small rows more than their sums.
   CPU, gather plan: points in vectors, the three features of each lane fetched by one
       vector gather (llvm.masked.gather), outputs stored as whole vectors. Both written in
-      their scheduled form (compute.tiles_compute, gather_compute): TVM's LLVM codegen
+      their scheduled form (compute.tiles_compute, gather_compute, lookup_compute): TVM's LLVM codegen
       scalarises a per-lane load of the compute below (16 loads and inserts per vector,
       which bounded the kernel at 10-20% of the bandwidth); the compute (forward_compute)
       stays the portable form, run as the `_small` kernel and on CUDA, and all give the

@@ -1,9 +1,9 @@
 """Schedule recipes for three_interpolate_forward (knobs: schedules/three_interpolate_forward.yaml).
 
-Kernels: `three_interpolate_forward_tiles` (the CPU's tiles plan), `three_interpolate_forward`
-(the CPU's gather plan; a thread per output element on CUDA) and
-`three_interpolate_forward_small` (N below the vector: one point at a time). On CUDA all
-three are the same compute; launch runs the second."""
+Kernels: `three_interpolate_forward_tiles` (the CPU's tiles plan), `three_interpolate_forward_lookup`
+(the tiles plan's rows of up to 16 features, AVX-512), `three_interpolate_forward` (the CPU's
+gather plan; a thread per output element on CUDA) and `three_interpolate_forward_small` (N
+below the vector: one point at a time). CUDA builds the one compute; launch runs it."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from .compute import gather_ir, row16_ir
 
 
 def llvm(sch, kernel, model, plan):
-    """The two plans' kernels are written in their scheduled form (compute.tiles_compute,
-    compute.gather_compute): a parallel task per (batch, block of channels); here their
-    tasks go parallel and the gathers' IR is linked in (the tiles plan's last C % lanes
-    channels run the gather walk). The `_small` kernel is the compute, split the same way,
-    c_tile channels per task, one point at a time."""
+    """The plans' kernels are written in their scheduled form (compute.tiles_compute,
+    gather_compute, lookup_compute): a parallel task per (batch, block of channels); here
+    their tasks go parallel and their IR is linked in (the gathers and deinterleaving loads;
+    the lookup's masked row load and vpermps; the tiles plan's last C % lanes channels run
+    the gather walk). The `_small` kernel is the compute, split the same way, c_tile
+    channels per task, one point at a time."""
     if kernel not in KERNELS:
         raise KeyError(kernel)
     if kernel != "three_interpolate_forward_small":
