@@ -40,7 +40,6 @@ def test_interleaved_timings_each_run_their_rounds_in_turn():
     assert medians == {"case": 2.0, "peer": 5.0, "copy": 1.0}
 
 
-
 @requires_torch
 def test_peers_run_on_the_cpu_without_a_device_mode():
     """`with torch.device(...)` sends every torch call through a function mode (a 39 us

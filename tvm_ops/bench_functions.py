@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import runner
-from .bench import Timed, call_timing, on_device, interleaved_medians, peak_flops, peer_rounds
+from .bench import Timed, call_timing, interleaved_medians, on_device, peak_flops, peer_rounds
 from .ops import get
 from .targets import TargetModel
 from .testing import material

@@ -102,19 +102,19 @@ def msda_pytorch_rows(value, shapes, loc, attn):
     import torch
 
     bs, K, nh, C = value.shape
-    _, Q, _, L, P, _ = loc.shape
+    Q = loc.shape[1]
     corners, weights, start = [], [], 0
-    for l, (h, w) in enumerate(shapes):
+    for level, (h, w) in enumerate(shapes):
         h, w = int(h), int(w)
-        x = loc[:, :, :, l, :, 0] * w - 0.5  # [B, Q, H, P], pixel centres at integers
-        y = loc[:, :, :, l, :, 1] * h - 0.5
+        x = loc[:, :, :, level, :, 0] * w - 0.5  # [B, Q, H, P], pixel centres at integers
+        y = loc[:, :, :, level, :, 1] * h - 0.5
         x0, y0 = x.floor(), y.floor()
         fx, fy = x - x0, y - y0
         for dy in (0, 1):
             for dx in (0, 1):
                 xi, yi = x0 + dx, y0 + dy
                 inside = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
-                weights.append((fx if dx else 1 - fx) * (fy if dy else 1 - fy) * attn[:, :, :, l, :] * inside)
+                weights.append((fx if dx else 1 - fx) * (fy if dy else 1 - fy) * attn[:, :, :, level, :] * inside)
                 corners.append(start + yi.clamp(0, h - 1).long() * w + xi.clamp(0, w - 1).long())
         start += h * w
     index = torch.cat(corners, -1)  # [B, Q, H, 4 L P]

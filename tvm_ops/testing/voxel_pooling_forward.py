@@ -84,7 +84,8 @@ def voxel_pool_pytorch(geom, feat, X: int, Y: int, Z: int, formulation: str = "i
     kept = (x >= 0) & (x < X) & (y >= 0) & (y < Y) & (z >= 0) & (z < Z)
     b = torch.arange(B, dtype=torch.int32).view(B, 1).expand(B, N)
     voxel = (b.long() * Y + y.long()) * X + x.long()
-    memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y.int(), x.int()], -1), torch.full((), -1, dtype=torch.int32))
+    memo = torch.where(kept.unsqueeze(-1), torch.stack([b, y.int(), x.int()], -1),
+                       torch.full((), -1, dtype=torch.int32))
     if formulation.endswith("(spare_row)"):
         spare = B * Y * X
         out = torch.zeros(spare + 1, C, dtype=feat.dtype)
