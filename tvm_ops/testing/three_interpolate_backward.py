@@ -68,15 +68,11 @@ def peers(inputs, params):
 def _dense_peer(inputs, params):
     """grad_output times the interpolation matrix (three_interpolate_forward's
     interpolation_matrix: the forward's adjoint), one torch.bmm in float32."""
-    import torch
-
-    from .three_interpolate_forward import interpolation_matrix
+    from .three_interpolate_forward import interpolation_matrix, masked_neighbours
 
     go, idx, w = _torch_inputs(inputs)
     m = params["m"]
-    valid = (idx >= 0) & (idx < m)
-    index = idx.long().clamp(0, max(m - 1, 0))
-    weights = torch.where(valid, w, torch.zeros_like(w))
+    index, weights = masked_neighbours(idx, w, m)
 
     def run():
         return go.float().bmm(interpolation_matrix(index, weights, m)).to(go.dtype)

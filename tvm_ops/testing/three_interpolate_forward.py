@@ -45,13 +45,18 @@ def peers(inputs, params):
 
 
 def _masked(inputs):
-    """features, indices clamped into [0, M), weights zeroed where the index is outside."""
+    """features, and their neighbours' indices and weights as masked_neighbours gives them."""
+    f, idx, w = (peer_tensor(inputs[k]) for k in ("features", "indices", "weights"))
+    return (f, *masked_neighbours(idx, w, f.shape[2]))
+
+
+def masked_neighbours(idx, w, m: int):
+    """(indices clamped into [0, m) as int64, weights zeroed where the index is outside: a
+    NaN weight there too): what a formulation that indexes every neighbour needs."""
     import torch
 
-    f, idx, w = (peer_tensor(inputs[k]) for k in ("features", "indices", "weights"))
-    m = f.shape[2]
     valid = (idx >= 0) & (idx < m)
-    return f, idx.long().clamp(0, max(m - 1, 0)), torch.where(valid, w, torch.zeros_like(w))
+    return idx.long().clamp(0, max(m - 1, 0)), torch.where(valid, w, torch.zeros_like(w))
 
 
 def gather_formulation(features, index, weights):
